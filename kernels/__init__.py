@@ -1,0 +1,1 @@
+"""Triton/CUDA kernels where the engines' kernels lose work to tile alignment (installed as `spec_plugins.kernels`)."""

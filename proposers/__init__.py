@@ -1,0 +1,1 @@
+"""Engine-free proposers, one folder each (installed as `spec_plugins.proposers`)."""

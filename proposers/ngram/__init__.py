@@ -1,0 +1,3 @@
+from spec_plugins.proposers.ngram.proposer import NgramProposer
+
+__all__ = ["NgramProposer"]

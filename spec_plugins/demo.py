@@ -1,0 +1,86 @@
+"""`spec-plugins demo`: real prompts through vLLM with and without our proposers, side by side.
+
+Every configuration runs in its own fresh engine process on the same prompts; speed-ups are
+ratios from this one run, and `identical` compares greedy token ids with the no-speculation run.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from spec_plugins.bench.prompts import demo_prompts
+from spec_plugins.bench.vllm_run import EngineRun, RunResult, run
+
+DEFAULT_PROPOSERS = ["ngram"]
+
+
+@dataclass
+class DemoRow:
+    proposer: str
+    acceptance_length: float
+    tokens_per_s: float
+    speedup: float
+    identical: bool
+
+
+def custom_class_config(proposer: str, k: int) -> tuple[dict, dict]:
+    """The --speculative-config and --additional-config that serve `proposer` through vLLM."""
+    spec = {"method": "custom_class", "model": "spec_plugins.vllm.SpecPluginsProposer", "num_speculative_tokens": k}
+    return spec, {"spec_plugins": {"proposer": proposer}}
+
+
+def run_demo(
+    model: str,
+    proposers: list[str],
+    k: int = 8,
+    max_tokens: int = 128,
+    spec_bench_path: str | None = None,
+    dtype: str = "float32",
+    console: Console | None = None,
+) -> list[DemoRow]:
+    console = console or Console(stderr=True)
+    prompts = demo_prompts(spec_bench_path)
+    base = EngineRun(model=model, prompts=prompts, max_tokens=max_tokens, dtype=dtype, chat=True)
+
+    def timed(label: str, **changes) -> RunResult:
+        with console.status(f"[bold]{label}[/]: starting vLLM and generating {len(prompts)} x {max_tokens} tokens"):
+            result = run(EngineRun(**{**base.__dict__, **changes}))
+        console.log(f"{label}: {result.tokens_per_s:.1f} output tokens/s")
+        return result
+
+    baseline = timed("no speculation")
+    rows = [DemoRow("none", 1.0, baseline.tokens_per_s, 1.0, True)]
+    for name in proposers:
+        spec, extra = custom_class_config(name, k)
+        result = timed(f"{name} (K={k})", speculative_config=spec, additional_config=extra)
+        rows.append(
+            DemoRow(
+                proposer=name,
+                acceptance_length=result.acceptance_length,
+                tokens_per_s=result.tokens_per_s,
+                speedup=result.tokens_per_s / baseline.tokens_per_s,
+                identical=result.token_ids == baseline.token_ids,
+            )
+        )
+    return rows
+
+
+def print_rows(rows: list[DemoRow], console: Console | None = None, title: str = "") -> None:
+    table = Table(title=title)
+    for col in ("proposer", "mean accepted length", "output tokens/s", "speed-up", "identical"):
+        table.add_column(col, justify="left" if col == "proposer" else "right")
+    for r in rows:
+        table.add_row(
+            r.proposer, f"{r.acceptance_length:.2f}", f"{r.tokens_per_s:.1f}", f"{r.speedup:.2f}x",
+            "yes" if r.identical else "[red]NO[/]",
+        )
+    (console or Console()).print(table)
+
+
+def write_json(rows: list[DemoRow], path: str | Path) -> None:
+    Path(path).write_text(json.dumps([r.__dict__ for r in rows], indent=2) + "\n")

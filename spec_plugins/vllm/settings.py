@@ -1,0 +1,69 @@
+"""`--additional-config '{"spec_plugins": {...}}'`: what our vLLM proposers read, validated.
+
+vLLM forbids unknown keys in `--speculative-config`, so every option of ours travels in
+`additional_config`, which vLLM hands to the proposer's constructor inside the worker.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pydantic
+
+from spec_plugins.registry import create_policy, create_proposer
+
+SECTION = "spec_plugins"
+DEFAULT_PROPOSER = "ngram"
+
+
+class VllmSettings(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+
+    proposer: str = DEFAULT_PROPOSER
+    proposer_options: dict[str, Any] = pydantic.Field(default_factory=dict)
+    policy: str = "fixed"
+    policy_options: dict[str, Any] = pydantic.Field(default_factory=dict)
+
+    def build(self):
+        """The proposer and policy these settings name (raises ValueError on bad names/options)."""
+        try:
+            return create_proposer(self.proposer, self.proposer_options), create_policy(self.policy, self.policy_options)
+        except ValueError as exc:  # registry errors start with the field; say where it came from
+            raise ValueError(f"additional_config.{SECTION}.{exc}") from None
+
+
+def settings_from_additional_config(additional_config: Any, fixed_proposer: str | None = None) -> VllmSettings:
+    """Parse `additional_config[SECTION]`; every problem is one ValueError naming the field."""
+    if additional_config is None:
+        additional_config = {}
+    if isinstance(additional_config, str):
+        try:
+            additional_config = json.loads(additional_config) if additional_config.strip() else {}
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"additional_config: expected a JSON object, got invalid JSON ({exc.msg})") from None
+    if not isinstance(additional_config, dict):
+        raise ValueError(f"additional_config: expected a JSON object, got {type(additional_config).__name__}")
+    section = additional_config.get(SECTION, {})
+    if isinstance(section, str):
+        try:
+            section = json.loads(section)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"additional_config.{SECTION}: expected a JSON object, got invalid JSON ({exc.msg})") from None
+    if not isinstance(section, dict):
+        raise ValueError(f"additional_config.{SECTION}: expected a JSON object, got {section!r}")
+    if fixed_proposer is not None:
+        named = section.get("proposer", fixed_proposer)
+        if named != fixed_proposer:
+            raise ValueError(
+                f"additional_config.{SECTION}.proposer: this class serves {fixed_proposer!r}, got {named!r} "
+                "(use spec_plugins.vllm.SpecPluginsProposer to choose the proposer by name)"
+            )
+        section = {**section, "proposer": fixed_proposer}
+    try:
+        return VllmSettings(**section)
+    except pydantic.ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+        raise ValueError(f"additional_config.{SECTION}.{loc}: {msg} (got {err.get('input')!r})") from None
