@@ -1,0 +1,177 @@
+"""The reference engine: a plain speculative-decoding loop over a Hugging Face causal LM.
+
+It serves as the oracle the real engines (vLLM, TensorRT-LLM) are compared with, so it favours being
+obviously correct over being fast: one request, batch size 1, one target forward per step, and
+the sampling maths in `verify.py`. Any `Proposer` and any `DraftLengthPolicy` plug in unchanged.
+
+The loop depends only on a four-member target interface (`prefill`, `extend`, `crop`,
+`num_cached`), so tests can swap the transformer for a cheap table-driven model and check the
+output distribution statistically.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence
+
+import torch
+
+from spec_plugins.core import DraftLengthPolicy, DraftRequest, FixedLength, Proposer, apply_policy, check_drafts
+from spec_plugins.reference import verify
+
+
+class Target(Protocol):
+    """What the loop needs from a target model: logits for new tokens and a KV cache it can roll back."""
+
+    @property
+    def num_cached(self) -> int: ...
+
+    def prefill(self, ids: Sequence[int]) -> torch.Tensor: ...
+
+    def extend(self, ids: Sequence[int]) -> torch.Tensor: ...
+
+    def crop(self, n: int) -> None: ...
+
+
+class HFTarget:
+    """A transformers causal LM plus the DynamicCache that holds its past keys and values.
+
+    `extend` feeds tokens after the cached ones and returns a logits row per fed token; `crop`
+    discards cached positions after the first n, which is how rejected draft tokens are undone.
+    Models with sliding-window or linear-attention layers cannot be rolled back this way.
+    """
+
+    def __init__(self, model: Any) -> None:
+        from transformers import DynamicCache
+
+        self._cache_class = DynamicCache
+        self.model = model.eval()
+        self.device = next(model.parameters()).device
+        self.cache = DynamicCache(config=model.config)
+
+    @property
+    def num_cached(self) -> int:
+        return self.cache.get_seq_length()
+
+    def prefill(self, ids: Sequence[int]) -> torch.Tensor:
+        """Start a new sequence: drop any previous cache and run the prompt. Returns [len(ids), V]."""
+        self.cache = self._cache_class(config=self.model.config)
+        return self.extend(ids)
+
+    @torch.no_grad()
+    def extend(self, ids: Sequence[int]) -> torch.Tensor:
+        """Run `ids` at positions num_cached.. and cache them. Returns logits [len(ids), V]."""
+        start = self.num_cached
+        input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
+        # Explicit positions: the fed tokens continue the cached ones, whatever crop did before.
+        positions = torch.arange(start, start + len(ids), device=self.device).unsqueeze(0)
+        out = self.model(input_ids=input_ids, position_ids=positions, past_key_values=self.cache, use_cache=True)
+        return out.logits[0]
+
+    def crop(self, n: int) -> None:
+        """Keep the first n cached positions."""
+        extra = self.num_cached - n
+        if extra < 0:
+            raise ValueError(f"crop: cache holds {self.num_cached} tokens, cannot keep {n}")
+        if extra > 0:
+            # A negative argument removes that many tokens; transformers 5.x deprecates the older
+            # positive form (an absolute length), and 4.x reads negatives the same way.
+            self.cache.crop(-extra)
+
+
+@dataclass
+class StepStats:
+    """One target forward pass: how many tokens were drafted and how many of those were accepted."""
+
+    drafted: int
+    accepted: int
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]  # new tokens only
+    steps: list[StepStats] = field(default_factory=list)
+
+    @property
+    def acceptance_length(self) -> float:
+        """Mean tokens committed per target forward (accepted + 1), the prefill step included."""
+        if not self.steps:
+            return 0.0
+        return sum(s.accepted + 1 for s in self.steps) / len(self.steps)
+
+
+def generate(
+    target: Target,
+    proposer: Proposer,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    *,
+    max_draft: int = 8,
+    policy: DraftLengthPolicy | None = None,
+    temperature: float = 0.0,
+    seed: int = 0,
+    eos_token_id: int | None = None,
+    req_id: Any = "req-0",
+    on_step: Callable[[list[int], StepStats], None] | None = None,
+) -> GenerationResult:
+    """Generate up to max_new_tokens after prompt_ids with draft-and-verify steps.
+
+    Temperature 0 is greedy and token-identical to plain greedy decoding; otherwise the output
+    follows the target's softmax at `temperature` exactly, whatever the proposer drafts.
+    `on_step(tokens, stats)` is a debug hook called after every step with the committed context
+    (prompt + new tokens; the engine's own list, do not modify it).
+    """
+    policy = FixedLength() if policy is None else policy
+    generator = torch.Generator().manual_seed(seed)
+    tokens = [int(t) for t in prompt_ids]  # the committed context: prompt, then accepted output
+    num_prompt = len(tokens)
+    if max_new_tokens <= 0:
+        return GenerationResult([], [])
+
+    # Prefill: the prompt's last logits row gives the first new token; nothing is drafted here.
+    logits = target.prefill(tokens)
+    tokens.append(verify.sample_token(logits[-1], temperature, generator))
+    steps = [StepStats(0, 0)]
+    if on_step is not None:
+        on_step(tokens, steps[-1])
+    num_seen = 0  # context length the proposer saw last time, for DraftRequest.num_new
+
+    while len(tokens) - num_prompt < max_new_tokens and tokens[-1] != eos_token_id:
+        # Invariant: the cache holds every committed token but the newest, which is fed below.
+        remaining = max_new_tokens - (len(tokens) - num_prompt)
+        # A step emits the accepted drafts plus one target token, so the draft gets remaining - 1.
+        budget = min(max_draft, remaining - 1)
+        # The live context list is passed without a copy (long generations stay linear in time);
+        # proposers treat DraftRequest.tokens as read-only.
+        request = DraftRequest(req_id, tokens, num_new=len(tokens) - num_seen, max_draft=budget)
+        num_seen = len(tokens)
+        requests = apply_policy(policy, [request])
+        # The proposer is called even at cap 0 so a stateful proposer sees every committed token.
+        drafts = proposer.propose(requests)
+        check_drafts(requests, drafts, who=type(proposer).__name__)
+        draft = drafts[0]
+        draft_tokens = [int(t) for t in draft.tokens]
+
+        # One forward scores every draft position at once: row i is the target's next-token
+        # distribution after the newest committed token and draft_tokens[:i].
+        logits = target.extend([tokens[-1]] + draft_tokens)
+        if temperature == 0:
+            emitted, accepted = verify.verify_greedy(logits, draft_tokens)
+        else:
+            emitted, accepted = verify.verify_sampled(logits, draft_tokens, draft.probs, temperature, generator)
+
+        if eos_token_id is not None and eos_token_id in emitted:
+            emitted = emitted[: emitted.index(eos_token_id) + 1]
+        tokens.extend(emitted[:remaining])
+        # Roll back the rejected drafts. The cache keeps the accepted drafts (computed from the
+        # right context), not the newest token, which the target has not seen yet.
+        target.crop(len(tokens) - 1)
+
+        steps.append(StepStats(len(draft_tokens), accepted))
+        policy.observe(req_id, len(draft_tokens), accepted)
+        if on_step is not None:
+            on_step(tokens, steps[-1])
+
+    proposer.finish(req_id)
+    policy.finish(req_id)
+    return GenerationResult(tokens[num_prompt:], steps)
