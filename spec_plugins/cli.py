@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="vLLM with and without speculation on real prompts: speed and identity")
     d.add_argument("--proposers", default=",".join(DEFAULT_PROPOSERS), help="comma-separated proposer names")
     d.add_argument("--model", help="HF model folder (default: SmolLM2-135M-Instruct, converted on first use)")
-    d.add_argument("--k", type=int, default=8, help="num_speculative_tokens (default 8)")
+    d.add_argument("--k", type=int, default=4, help="num_speculative_tokens (default 4)")
     d.add_argument("--max-tokens", type=int, default=128, help="output tokens per prompt (default 128)")
     d.add_argument("--dtype", default="float32")
     d.add_argument("--spec-bench", help="a Spec-Bench question.jsonl (default: the bundled sample)")

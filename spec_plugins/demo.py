@@ -37,7 +37,7 @@ def custom_class_config(proposer: str, k: int) -> tuple[dict, dict]:
 def run_demo(
     model: str,
     proposers: list[str],
-    k: int = 8,
+    k: int = 4,
     max_tokens: int = 128,
     spec_bench_path: str | None = None,
     dtype: str = "float32",
