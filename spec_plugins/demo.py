@@ -1,7 +1,8 @@
 """`spec-plugins demo`: real prompts through vLLM with and without our proposers, side by side.
 
-Every configuration runs in its own fresh engine process on the same prompts; speed-ups are
-ratios from this one run, and `identical` compares greedy token ids with the no-speculation run.
+Every configuration runs in its own engine process on the same prompts; the engines are timed in
+turns, so speed-ups are ratios from one run on one machine state, and `identical` compares greedy
+token ids with the no-speculation run.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from spec_plugins.bench.prompts import demo_prompts
-from spec_plugins.bench.vllm_run import EngineRun, RunResult, run
+from spec_plugins.bench.vllm_run import EngineRun, run_side_by_side
 
 DEFAULT_PROPOSERS = ["ngram"]
 
@@ -41,23 +42,25 @@ def run_demo(
     max_tokens: int = 128,
     spec_bench_path: str | None = None,
     dtype: str = "float32",
+    repeats: int = 3,
     console: Console | None = None,
 ) -> list[DemoRow]:
     console = console or Console(stderr=True)
     prompts = demo_prompts(spec_bench_path)
     base = EngineRun(model=model, prompts=prompts, max_tokens=max_tokens, dtype=dtype, chat=True)
-
-    def timed(label: str, **changes) -> RunResult:
-        with console.status(f"[bold]{label}[/]: starting vLLM and generating {len(prompts)} x {max_tokens} tokens"):
-            result = run(EngineRun(**{**base.__dict__, **changes}))
-        console.log(f"{label}: {result.tokens_per_s:.1f} output tokens/s")
-        return result
-
-    baseline = timed("no speculation")
-    rows = [DemoRow("none", 1.0, baseline.tokens_per_s, 1.0, True)]
+    specs = [base]
     for name in proposers:
         spec, extra = custom_class_config(name, k)
-        result = timed(f"{name} (K={k})", speculative_config=spec, additional_config=extra)
+        specs.append(EngineRun(**{**base.__dict__, "speculative_config": spec, "additional_config": extra}))
+    labels = ["no speculation"] + [f"{name} (K={k})" for name in proposers]
+    started = iter(labels)
+    with console.status(f"starting {len(specs)} vLLM engines, then timing them in turns "
+                        f"({repeats} rounds of {len(prompts)} prompts x {max_tokens} tokens)") as status:
+        results = run_side_by_side(
+            specs, repeats=repeats, on_start=lambda _: status.update(f"starting vLLM: {next(started)}"))
+    baseline = results[0]
+    rows = []
+    for name, result in zip(["none"] + proposers, results):
         rows.append(
             DemoRow(
                 proposer=name,

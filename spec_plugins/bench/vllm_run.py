@@ -1,16 +1,15 @@
-"""Run one vLLM engine configuration in a fresh process and report outputs, speed and acceptance.
+"""Run vLLM engine configurations in fresh processes and report outputs, speed and acceptance.
 
 Each configuration gets its own process: vLLM engines do not share a process cleanly (memory,
-and an engine started after numba was imported fails on the CPU platform), and a fresh process
-makes the timings comparable. The child runs `python -m spec_plugins.bench.vllm_run IN.json OUT.json`.
+and an engine started after numba was imported fails on the CPU platform).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
+import statistics
+import multiprocessing
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -41,6 +40,7 @@ class EngineRun:
     seed: int = 0
     chat: bool = False  # wrap text prompts in the model's chat template
     warmup: bool = True
+    repeats: int = 1  # timed generate() calls for run(); the median time is reported
     engine_kwargs: dict = field(default_factory=dict)
 
 
@@ -65,23 +65,94 @@ class RunResult:
         return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
 
 
-def run(spec: EngineRun, timeout: float = 1800, env: dict | None = None) -> RunResult:
-    """Run `spec` in a child process; raise RuntimeError with the child's last lines if it fails."""
-    child_env = {**CPU_ENV_DEFAULTS, **os.environ, **(env or {})}
-    with tempfile.TemporaryDirectory(prefix="spec-plugins-run-") as tmp:
-        inp, out = os.path.join(tmp, "in.json"), os.path.join(tmp, "out.json")
-        with open(inp, "w") as f:
-            json.dump(asdict(spec), f)
-        proc = subprocess.run(
-            [sys.executable, "-m", "spec_plugins.bench.vllm_run", inp, out],
-            env=child_env, capture_output=True, text=True, timeout=timeout,
-        )
-        if proc.returncode != 0 or not os.path.exists(out):
-            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-25:])
-            raise RuntimeError(f"vLLM run failed (rc={proc.returncode}):\n{tail}")
-        with open(out) as f:
-            data = json.load(f)
-    return RunResult(**data)
+class Engine:
+    """A vLLM engine in its own process, kept alive for several timed `generate()` calls.
+
+    Keeping engines alive lets several configurations be timed in turns (A, B, A, B, ...), so a
+    busy neighbour on a shared machine slows all of them alike instead of whichever ran last.
+    """
+
+    def __init__(self, spec: EngineRun, env: dict | None = None, timeout: float = 1800) -> None:
+        self.spec, self.timeout = spec, timeout
+        fd, self.log_path = tempfile.mkstemp(prefix="spec-plugins-vllm-", suffix=".log")
+        os.close(fd)
+        ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no engine state, no numba
+        self._conn, child_conn = ctx.Pipe()
+        saved = dict(os.environ)
+        os.environ.update({**CPU_ENV_DEFAULTS, **saved, **(env or {})})
+        try:
+            self._proc = ctx.Process(target=_serve, args=(child_conn, asdict(spec), self.log_path), daemon=True)
+            self._proc.start()
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        child_conn.close()
+        self._expect("ready")
+
+    def generate(self) -> RunResult:
+        self._conn.send("generate")
+        return RunResult(**self._expect("result"))
+
+    def close(self) -> None:
+        if self._proc.is_alive():
+            try:
+                self._conn.send("close")
+            except OSError:
+                pass
+            self._proc.join(timeout=60)
+            if self._proc.is_alive():
+                self._proc.kill()
+                self._proc.join()
+        if os.path.exists(self.log_path):
+            os.unlink(self.log_path)
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _expect(self, kind: str) -> Any:
+        if self._conn.poll(self.timeout):
+            try:
+                got, payload = self._conn.recv()
+            except EOFError:
+                got, payload = "error", "engine process exited"
+        else:
+            got, payload = "error", f"no answer within {self.timeout:.0f} s"
+        if got == kind:
+            return payload
+        with open(self.log_path, errors="replace") as f:
+            tail = "\n".join(f.read().strip().splitlines()[-20:])
+        self.close()
+        raise RuntimeError(f"vLLM engine failed: {payload}\n{tail}")
+
+
+def combine(results: list[RunResult]) -> RunResult:
+    """One result for repeated identical runs: outputs of the first, the median time."""
+    first = results[0]
+    return RunResult(**{**asdict(first), "seconds": statistics.median(r.seconds for r in results)})
+
+
+def run(spec: EngineRun, env: dict | None = None) -> RunResult:
+    """Start an engine for `spec`, time `spec.repeats` generate() calls, stop it."""
+    with Engine(spec, env) as engine:
+        return combine([engine.generate() for _ in range(max(1, spec.repeats))])
+
+
+def run_side_by_side(specs: list[EngineRun], repeats: int = 3, on_start: Any = None) -> list[RunResult]:
+    """Start every engine, then time them in turns `repeats` times; median time per engine."""
+    engines: list[Engine] = []
+    try:
+        for spec in specs:
+            if on_start is not None:
+                on_start(spec)
+            engines.append(Engine(spec))
+        rounds = [[engine.generate() for engine in engines] for _ in range(max(1, repeats))]
+        return [combine([r[i] for r in rounds]) for i in range(len(engines))]
+    finally:
+        for engine in engines:
+            engine.close()
 
 
 def _spec_metrics(llm: Any) -> dict[str, int]:
@@ -93,9 +164,39 @@ def _spec_metrics(llm: Any) -> dict[str, int]:
     return totals
 
 
-def _child(inp: str, out: str) -> None:
-    with open(inp) as f:
-        spec = EngineRun(**json.load(f))
+def _serve(conn: Any, spec_dict: dict, log_path: str) -> None:
+    """Child process: build the engine, then answer "generate" until "close"."""
+    log = os.open(log_path, os.O_WRONLY | os.O_APPEND)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    try:
+        spec = EngineRun(**spec_dict)
+        llm, prompts, params = _build(spec)
+        conn.send(("ready", None))
+        while conn.recv() == "generate":
+            before = _spec_metrics(llm)
+            start = time.perf_counter()
+            outputs = llm.generate(prompts, params, use_tqdm=False)
+            seconds = time.perf_counter() - start
+            after = _spec_metrics(llm)
+            token_ids = [list(o.outputs[0].token_ids) for o in outputs]
+            result = RunResult(
+                token_ids=token_ids,
+                texts=[o.outputs[0].text for o in outputs],
+                seconds=seconds,
+                output_tokens=sum(len(t) for t in token_ids),
+                **{k: after[k] - before[k] for k in after},
+            )
+            conn.send(("result", asdict(result)))
+    except Exception as exc:  # reported to the parent with the log tail; the parent raises
+        causes, e = [], exc
+        while e is not None:
+            causes.append(f"{type(e).__name__}: {e}")
+            e = e.__cause__ or e.__context__
+        conn.send(("error", " <- ".join(causes)))
+
+
+def _build(spec: EngineRun) -> tuple[Any, list, Any]:
     from vllm import LLM, SamplingParams
 
     llm = LLM(
@@ -109,37 +210,16 @@ def _child(inp: str, out: str) -> None:
         additional_config=spec.additional_config or {},
         **spec.engine_kwargs,
     )
-    prompts = []
+    prompts: list[Any] = []
     for p in spec.prompts:
         if isinstance(p, list):
             prompts.append({"prompt_token_ids": p})
         elif spec.chat:
-            text = llm.get_tokenizer().apply_chat_template(
-                [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
-            )
-            prompts.append(text)
+            prompts.append(llm.get_tokenizer().apply_chat_template(
+                [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True))
         else:
             prompts.append(p)
-    params = SamplingParams(max_tokens=spec.max_tokens, temperature=spec.temperature, seed=spec.seed,
-                            ignore_eos=False)
     if spec.warmup:
         llm.generate(prompts[:1], SamplingParams(max_tokens=8, temperature=0.0), use_tqdm=False)
-    before = _spec_metrics(llm)
-    start = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=False)
-    seconds = time.perf_counter() - start
-    after = _spec_metrics(llm)
-    token_ids = [list(o.outputs[0].token_ids) for o in outputs]
-    result = RunResult(
-        token_ids=token_ids,
-        texts=[o.outputs[0].text for o in outputs],
-        seconds=seconds,
-        output_tokens=sum(len(t) for t in token_ids),
-        **{k: after[k] - before[k] for k in after},
-    )
-    with open(out, "w") as f:
-        json.dump(asdict(result), f)
-
-
-if __name__ == "__main__":
-    _child(sys.argv[1], sys.argv[2])
+    params = SamplingParams(max_tokens=spec.max_tokens, temperature=spec.temperature, seed=spec.seed)
+    return llm, prompts, params
