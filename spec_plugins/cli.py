@@ -27,6 +27,8 @@ def _cmd_demo(args: argparse.Namespace) -> None:
         raise ValueError(f"--k: expected an integer >= 1, got {args.k}")
     if args.max_tokens <= 0:
         raise ValueError(f"--max-tokens: expected an integer >= 1, got {args.max_tokens}")
+    if args.repeats <= 0:
+        raise ValueError(f"--repeats: expected an integer >= 1, got {args.repeats}")
     from spec_plugins.registry import proposer_class
 
     proposers = [p.strip() for p in args.proposers.split(",") if p.strip()]
@@ -38,7 +40,7 @@ def _cmd_demo(args: argparse.Namespace) -> None:
 
         model = str(smollm2_path())
     rows = run_demo(model, proposers, k=args.k, max_tokens=args.max_tokens,
-                    spec_bench_path=args.spec_bench, dtype=args.dtype)
+                    spec_bench_path=args.spec_bench, dtype=args.dtype, repeats=args.repeats)
     print_rows(rows, Console(), title=f"vLLM, {Path(model).name}, greedy, K={args.k}, {args.max_tokens} tokens/prompt")
     if args.json:
         write_json(rows, args.json)
@@ -62,7 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--model", help="HF model folder (default: SmolLM2-135M-Instruct, converted on first use)")
     d.add_argument("--k", type=int, default=4, help="num_speculative_tokens (default 4)")
     d.add_argument("--max-tokens", type=int, default=128, help="output tokens per prompt (default 128)")
-    d.add_argument("--dtype", default="float32")
+    d.add_argument("--dtype", default="float32",
+                   help="float32 (default) keeps vLLM-CPU's greedy outputs batch-invariant")
+    d.add_argument("--repeats", type=int, default=3, help="timed rounds per engine; the median is reported")
     d.add_argument("--spec-bench", help="a Spec-Bench question.jsonl (default: the bundled sample)")
     d.add_argument("--json", help="also write the rows to this JSON file")
     d.set_defaults(func=_cmd_demo)

@@ -35,7 +35,7 @@ class EngineRun:
     speculative_config: dict | None = None
     additional_config: dict | None = None
     dtype: str = "float32"
-    max_model_len: int = 2048
+    max_model_len: int | None = None  # None: the model's own context length
     temperature: float = 0.0
     seed: int = 0
     chat: bool = False  # wrap text prompts in the model's chat template
