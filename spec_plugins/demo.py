@@ -35,6 +35,18 @@ def custom_class_config(proposer: str, k: int) -> tuple[dict, dict]:
     return spec, {"spec_plugins": {"proposer": proposer}}
 
 
+NATIVE_METHODS = ("ngram", "suffix")
+
+
+def native_config(method: str, k: int) -> dict:
+    """vLLM's own method with settings comparable to ours (n-gram sizes 2..5, as our default)."""
+    if method == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+    if method == "suffix":
+        return {"method": "suffix", "num_speculative_tokens": k}
+    raise ValueError(f"--native: expected one of {', '.join(NATIVE_METHODS)}, got {method!r}")
+
+
 def run_demo(
     model: str,
     proposers: list[str],
@@ -43,6 +55,7 @@ def run_demo(
     spec_bench_path: str | None = None,
     dtype: str = "float32",
     repeats: int = 3,
+    native: list[str] = (),
     console: Console | None = None,
 ) -> list[DemoRow]:
     console = console or Console(stderr=True)
@@ -52,7 +65,10 @@ def run_demo(
     for name in proposers:
         spec, extra = custom_class_config(name, k)
         specs.append(EngineRun(**{**base.__dict__, "speculative_config": spec, "additional_config": extra}))
-    labels = ["no speculation"] + [f"{name} (K={k})" for name in proposers]
+    for method in native:
+        specs.append(EngineRun(**{**base.__dict__, "speculative_config": native_config(method, k)}))
+    names = ["none"] + list(proposers) + [f"vllm:{m}" for m in native]
+    labels = ["no speculation"] + [f"{name} (K={k})" for name in names[1:]]
     started = iter(labels)
     with console.status(f"starting {len(specs)} vLLM engines, then timing them in turns "
                         f"({repeats} rounds of {len(prompts)} prompts x {max_tokens} tokens)") as status:
@@ -60,7 +76,7 @@ def run_demo(
             specs, repeats=repeats, on_start=lambda _: status.update(f"starting vLLM: {next(started)}"))
     baseline = results[0]
     rows = []
-    for name, result in zip(["none"] + proposers, results):
+    for name, result in zip(names, results):
         rows.append(
             DemoRow(
                 proposer=name,

@@ -17,6 +17,7 @@ def spec_plugins(*args: str) -> subprocess.CompletedProcess:
     [
         (["demo", "--k", "0"], "spec-plugins: error: --k: expected an integer >= 1, got 0"),
         (["demo", "--max-tokens", "-5"], "spec-plugins: error: --max-tokens: expected an integer >= 1, got -5"),
+        (["demo", "--native", "eagle"], "spec-plugins: error: --native: expected one of ngram, suffix, got 'eagle'"),
         (["demo", "--proposers", "ngram,nope"], "spec-plugins: error: proposer: unknown name 'nope'; expected one of:"),
     ],
 )
