@@ -10,11 +10,20 @@ bookkeeping: row i's committed context is `token_ids_cpu[i, :num_tokens_no_spec[
 turns rows into DraftRequests, lets the policy cap them (never above num_speculative_tokens: the
 scheduler does not clamp), calls the proposer and returns plain lists.
 
+Request ids: vLLM passes none. With the `vllm.general_plugins` entry point (`plugin.py`) the runner
+sets `row_req_ids` before every call and calls `finish(req_id)` for finished and preempted requests;
+without it rows stand for requests ("row-3"). Either way per-request state is bounded: see `_sweep`.
+
+`SPEC_PLUGINS_TRACE_FILE=PATH` appends one JSON line per step (`{"pid", "step", "rows", "tracked"}`)
+and per freed request (`{"pid", "finish", "why"}`) to PATH; the integration tests read it.
+
 This module must not import numba/llvmlite (it breaks vLLM's CPU engine start) nor vLLM itself.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any, ClassVar, Sequence
 
 import numpy as np
@@ -22,11 +31,15 @@ import numpy as np
 from spec_plugins.core import DraftRequest, apply_policy, check_cap, check_drafts
 from spec_plugins.vllm.settings import settings_from_additional_config
 
+TRACE_ENV = "SPEC_PLUGINS_TRACE_FILE"
+
 
 class SpecPluginsProposer:
     """Serves the proposer named in `additional_config.spec_plugins.proposer`."""
 
     fixed_proposer: ClassVar[str | None] = None
+    # A request absent from the batch for more than this many steps is finished (see _sweep).
+    stale_steps: ClassVar[int] = 16
 
     def __init__(self, vllm_config: Any) -> None:
         spec = vllm_config.speculative_config
@@ -38,10 +51,22 @@ class SpecPluginsProposer:
             getattr(vllm_config, "additional_config", None), self.fixed_proposer
         )
         self.proposer, self.policy = self.settings.build()
-        # Request ids per batch row. Without the runner's ids a row stands for its request; rows
-        # can be reordered between steps, which only blurs per-request policy statistics.
+        # Request ids per batch row, set by the plugin's runner wrapper before each propose(). Without
+        # them a row stands for its request; rows are reused and reordered between steps, which only
+        # blurs per-request state (our proposers see the whole context every step).
         self.row_req_ids: Sequence[Any] | None = None
         self._drafted: dict[Any, int] = {}
+        # Every id handed to the proposer and not finished yet -> the last step it was in the batch.
+        self._last_seen: dict[Any, int] = {}
+        self._step = 0
+        self.num_finished = 0  # requests whose state was freed (finished, preempted or stale)
+        trace = os.environ.get(TRACE_ENV)
+        self._trace = open(trace, "a", buffering=1) if trace else None
+        # vLLM builds us inside GPUModelRunner.__init__: let the plugin (if registered in this
+        # process) wrap the runner now, before its first step.
+        from spec_plugins.vllm.plugin import install
+
+        install()
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         # The CPU runner calls this unconditionally; model-free proposers need nothing from the target.
@@ -58,10 +83,15 @@ class SpecPluginsProposer:
     ) -> list[list[int]]:
         out: list[list[int]] = [[] for _ in sampled_token_ids]
         rows, requests = [], []
+        self._step += 1
         for i, sampled in enumerate(sampled_token_ids):
-            if not sampled:  # a prefill chunk in progress: nothing to draft from yet
-                continue
             req_id = self._req_id(i)
+            if not sampled:  # a prefill chunk in progress: nothing to draft from yet
+                if req_id in self._last_seen:
+                    self._last_seen[req_id] = self._step
+                continue
+            first = req_id not in self._last_seen
+            self._last_seen[req_id] = self._step
             drafted = self._drafted.pop(req_id, None)
             if drafted is not None:
                 self.policy.observe(req_id, drafted, min(len(sampled) - 1, drafted))
@@ -72,10 +102,14 @@ class SpecPluginsProposer:
                 DraftRequest(
                     req_id=req_id,
                     tokens=token_ids_cpu[i, :n],
-                    num_new=len(sampled),
+                    num_new=n if first else len(sampled),
                     max_draft=min(self.num_speculative_tokens, room),
                 )
             )
+        self._sweep()
+        if self._trace is not None:
+            ids = [self._req_id(i) for i in range(len(sampled_token_ids))]
+            self._write({"step": self._step, "rows": ids, "tracked": len(self._last_seen)})
         if not requests:
             return out
         apply_policy(self.policy, requests)
@@ -87,10 +121,30 @@ class SpecPluginsProposer:
                 self._drafted[req.req_id] = len(out[i])
         return out
 
-    def finish(self, req_id: Any) -> None:
+    def finish(self, req_id: Any, why: str = "finished") -> None:
+        """Free `req_id`'s state in the proposer and the policy (ids never proposed for are ignored)."""
+        if self._last_seen.pop(req_id, None) is None:
+            return
         self._drafted.pop(req_id, None)
         self.proposer.finish(req_id)
         self.policy.finish(req_id)
+        self.num_finished += 1
+        if self._trace is not None:
+            self._write({"finish": req_id, "why": why})
+
+    def _sweep(self) -> None:
+        # vLLM does not report every end to a propose() call: the finishes carried by the empty step
+        # that drains the batch reach the runner but not the drafter, steps where the runner skips the
+        # drafter drop theirs, and without the plugin nothing is reported at all. So anything absent
+        # from the batch for more than `stale_steps` steps is finished here; state is then bounded by
+        # the requests seen in the last `stale_steps` steps. A running request left unscheduled that
+        # long (rare: V1 schedules running requests first) just starts over if it comes back.
+        limit = self._step - self.stale_steps
+        for req_id in [r for r, last in self._last_seen.items() if last < limit]:
+            self.finish(req_id, why="stale")
+
+    def _write(self, event: dict) -> None:
+        self._trace.write(json.dumps({"pid": os.getpid(), **event}) + "\n")
 
     def _req_id(self, row: int) -> Any:
         ids = self.row_req_ids
