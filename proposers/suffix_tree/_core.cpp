@@ -1,0 +1,279 @@
+// Python bindings of the suffix-tree core (suffix_tree.hpp). Token ids arrive as lists, tuples or
+// 1-D integer numpy arrays and are validated (integers in [0, 2^31)) before any state changes.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "suffix_tree.hpp"
+
+namespace py = pybind11;
+using namespace suffix_tree;
+
+namespace {
+
+[[noreturn]] void bad_token(const char* what, Py_ssize_t i, const std::string& got) {
+  throw py::value_error(std::string(what) + ": token id at position " + std::to_string(i) +
+                        " must be an integer in [0, 2**31), got " + got);
+}
+
+template <class T>
+void read_array(const py::array& arr, Py_ssize_t from, std::vector<i32>& out, const char* what) {
+  auto a = arr.unchecked<T, 1>();
+  for (Py_ssize_t i = from; i < a.shape(0); ++i) {
+    const T v = a(i);
+    if (v < 0 || static_cast<unsigned long long>(v) > 0x7fffffffull) bad_token(what, i, std::to_string(v));
+    out.push_back(i32(v));
+  }
+}
+
+// Appends obj[from:] to out. Returns the length of obj.
+Py_ssize_t read_tokens(py::handle obj, std::vector<i32>& out, const char* what, Py_ssize_t from = 0) {
+  out.clear();
+  if (py::isinstance<py::array>(obj)) {
+    py::array arr = py::reinterpret_borrow<py::array>(obj);
+    if (arr.ndim() != 1) throw py::value_error(std::string(what) + ": expected a 1-D sequence of token ids");
+    const Py_ssize_t n = arr.shape(0);
+    if (from > n) return n;
+    const char kind = arr.dtype().kind();
+    const auto size = arr.itemsize();
+    out.reserve(n - from);
+    if (kind == 'i' && size == 4) read_array<std::int32_t>(arr, from, out, what);
+    else if (kind == 'i' && size == 8) read_array<std::int64_t>(arr, from, out, what);
+    else if (kind == 'u' && size == 4) read_array<std::uint32_t>(arr, from, out, what);
+    else if (kind == 'u' && size == 8) read_array<std::uint64_t>(arr, from, out, what);
+    else if (kind == 'i' || kind == 'u')
+      read_array<std::int64_t>(arr.attr("astype")("int64").cast<py::array>(), from, out, what);
+    else
+      throw py::value_error(std::string(what) + ": expected integer token ids, got an array of dtype " +
+                            std::string(py::str(arr.dtype())));
+    return n;
+  }
+  if (PyUnicode_Check(obj.ptr()) || PyBytes_Check(obj.ptr()))
+    throw py::value_error(std::string(what) + ": expected a sequence of token ids, got a string");
+  PyObject* seq = PySequence_Fast(obj.ptr(), "");
+  if (!seq) {
+    PyErr_Clear();
+    throw py::value_error(std::string(what) + ": expected a sequence of token ids, got " +
+                          std::string(py::str(py::type::of(obj).attr("__name__"))));
+  }
+  py::object guard = py::reinterpret_steal<py::object>(seq);
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  PyObject** items = PySequence_Fast_ITEMS(seq);
+  if (from > n) return n;
+  out.reserve(n - from);
+  for (Py_ssize_t i = from; i < n; ++i) {
+    PyObject* it = items[i];
+    if (PyBool_Check(it)) bad_token(what, i, std::string(py::repr(it)));
+    long long v;
+    if (PyLong_Check(it)) {
+      int overflow = 0;
+      v = PyLong_AsLongLongAndOverflow(it, &overflow);
+      if (overflow) bad_token(what, i, std::string(py::repr(it)));
+    } else {
+      PyObject* idx = PyNumber_Index(it);  // numpy integer scalars; floats are refused
+      if (!idx) {
+        PyErr_Clear();
+        bad_token(what, i, std::string(py::repr(it)));
+      }
+      int overflow = 0;
+      v = PyLong_AsLongLongAndOverflow(idx, &overflow);
+      Py_DECREF(idx);
+      if (overflow) bad_token(what, i, std::string(py::repr(it)));
+    }
+    if (v < 0 || v > 0x7fffffffLL) bad_token(what, i, std::to_string(v));
+    out.push_back(i32(v));
+  }
+  return n;
+}
+
+py::tuple to_python(const Draft& d) {
+  py::list toks(d.tokens.size()), probs(d.probs.size());
+  for (size_t i = 0; i < d.tokens.size(); ++i) {
+    PyList_SET_ITEM(toks.ptr(), i, PyLong_FromLong(d.tokens[i]));
+    PyList_SET_ITEM(probs.ptr(), i, PyFloat_FromDouble(d.probs[i]));
+  }
+  return py::make_tuple(toks, probs, d.score, d.match_len);
+}
+
+TieBreak parse_tie(const std::string& s) {
+  if (s == "recent") return TieBreak::kRecent;
+  if (s == "token") return TieBreak::kToken;
+  throw py::value_error("tie_break: expected 'recent' or 'token', got '" + s + "'");
+}
+
+SpecParams check_params(double factor, double offset, double min_prob) {
+  if (!std::isfinite(factor) || factor < 0) throw py::value_error("max_spec_factor: expected a finite value >= 0");
+  if (!std::isfinite(offset)) throw py::value_error("max_spec_offset: expected a finite value");
+  if (!(min_prob >= 0 && min_prob <= 1)) throw py::value_error("min_token_prob: expected a value in [0, 1]");
+  SpecParams sp;
+  sp.factor = factor;
+  sp.offset = offset;
+  sp.min_prob = min_prob;
+  return sp;
+}
+
+i32 check_depth(long long d) {
+  if (d < 1 || d > 4096) throw py::value_error("max_depth: expected an integer in [1, 4096], got " + std::to_string(d));
+  return i32(d);
+}
+
+i32 check_max_tokens(long long m) {
+  if (m < 0) throw py::value_error("max_tokens: expected an integer >= 0, got " + std::to_string(m));
+  return m > 0x7fffffffLL ? 0x7fffffff : i32(m);
+}
+
+// The tree on its own, for tests and experiments: sequences are added, grown, and evicted oldest first.
+class PyTree {
+ public:
+  PyTree(long long max_depth, const std::string& tie) : tree_(check_depth(max_depth), parse_tie(tie)) {}
+
+  int add(py::handle tokens) {
+    read_tokens(tokens, buf_, "tokens");
+    const i32 s = tree_.add_seq(buf_.size());
+    tree_.extend(s, buf_.data(), buf_.size());
+    return s;
+  }
+  void extend(int s, py::handle tokens) {
+    if (s < 0 || !alive(s)) throw py::value_error("extend: no such sequence");
+    read_tokens(tokens, buf_, "tokens");
+    tree_.extend(s, buf_.data(), buf_.size());
+  }
+  int remove_oldest() {
+    if (tree_.num_seqs() == 0) throw py::value_error("remove_oldest: the tree is empty");
+    return tree_.remove_oldest();
+  }
+  long long count(py::handle pattern) {
+    read_tokens(pattern, buf_, "pattern");
+    return tree_.count(buf_.data(), i32(buf_.size()));
+  }
+  py::tuple speculate(py::handle context, long long max_tokens, double factor, double offset, double min_prob) {
+    read_tokens(context, buf_, "context");
+    const SpecParams sp = check_params(factor, offset, min_prob);
+    Draft d;
+    tree_.speculate(buf_.data(), i32(buf_.size()), check_max_tokens(max_tokens), sp, d);
+    return to_python(d);
+  }
+  Tree tree_;
+
+ private:
+  bool alive(int s) { return tree_.is_live(s); }
+  std::vector<i32> buf_;
+};
+
+class PyCache {
+ public:
+  PyCache(long long max_depth, long long max_cached, bool cache_active, const std::string& tie, double factor,
+          double offset, double min_prob)
+      : cache_(make_options(max_depth, max_cached, cache_active, tie, factor, offset, min_prob)) {}
+
+  void start(long long key, py::handle prompt) {
+    if (cache_.has(key)) throw py::value_error("start: request " + std::to_string(key) + " is already started");
+    read_tokens(prompt, buf_, "prompt");
+    cache_.start(key, buf_);
+  }
+  void append(long long key, py::handle tokens) {
+    require(key, "append");
+    read_tokens(tokens, buf_, "tokens");
+    cache_.append(key, buf_.data(), buf_.size());
+  }
+  // The request's whole context `tokens` has grown by num_new: append the tail and draft.
+  py::tuple sync_speculate(long long key, py::handle tokens, long long num_new, long long max_tokens) {
+    require(key, "propose");
+    const i32 m = check_max_tokens(max_tokens);
+    const long long have = (long long)cache_.length(key);
+    const Py_ssize_t n = PyObject_Length(tokens.ptr());
+    if (n < 0) {
+      PyErr_Clear();
+      throw py::value_error("tokens: expected a sequence of token ids");
+    }
+    if (num_new < 0 || (long long)n != have + num_new)
+      throw py::value_error("context has " + std::to_string(n) + " tokens, expected " + std::to_string(have) +
+                            " seen before + num_new=" + std::to_string(num_new));
+    read_tokens(tokens, buf_, "tokens", Py_ssize_t(have));
+    cache_.append(key, buf_.data(), buf_.size());
+    return to_python(cache_.speculate(key, m));
+  }
+  py::tuple speculate(long long key, long long max_tokens) {
+    require(key, "speculate");
+    return to_python(cache_.speculate(key, check_max_tokens(max_tokens)));
+  }
+  bool finish(long long key) { return cache_.finish(key); }
+  long long length(long long key) {
+    require(key, "length");
+    return (long long)cache_.length(key);
+  }
+  long long local_count(long long key, py::handle pattern) {
+    require(key, "local_count");
+    read_tokens(pattern, buf_, "pattern");
+    return cache_.local(key).count(buf_.data(), i32(buf_.size()));
+  }
+  long long global_count(py::handle pattern) {
+    read_tokens(pattern, buf_, "pattern");
+    return cache_.global().count(buf_.data(), i32(buf_.size()));
+  }
+  Cache cache_;
+
+ private:
+  static CacheOptions make_options(long long max_depth, long long max_cached, bool cache_active,
+                                   const std::string& tie, double factor, double offset, double min_prob) {
+    if (max_cached < 0 || max_cached > 0x7fffffffLL)
+      throw py::value_error("max_cached_requests: expected an integer in [0, 2**31), got " + std::to_string(max_cached));
+    CacheOptions o;
+    o.max_depth = check_depth(max_depth);
+    o.max_cached = max_cached;
+    o.cache_active = cache_active;
+    o.tie = parse_tie(tie);
+    o.spec = check_params(factor, offset, min_prob);
+    return o;
+  }
+  void require(long long key, const char* what) {
+    if (!cache_.has(key))
+      throw py::value_error(std::string(what) + ": request " + std::to_string(key) + " is not active");
+  }
+  std::vector<i32> buf_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "Depth-limited suffix trees with counts for SuffixDecoding (see suffix_tree.hpp).";
+
+  py::class_<PyTree>(m, "SuffixTree")
+      .def(py::init<long long, const std::string&>(), py::arg("max_depth") = 64, py::arg("tie_break") = "recent")
+      .def("add", &PyTree::add, py::arg("tokens"), "Add a sequence (the youngest); returns its handle.")
+      .def("extend", &PyTree::extend, py::arg("seq"), py::arg("tokens"))
+      .def("remove_oldest", &PyTree::remove_oldest, "Evict the oldest sequence; returns its handle.")
+      .def("count", &PyTree::count, py::arg("pattern"), "Occurrences of pattern (0 if longer than max_depth).")
+      .def("speculate", &PyTree::speculate, py::arg("context"), py::arg("max_tokens"),
+           py::arg("max_spec_factor") = 1.0, py::arg("max_spec_offset") = 0.0, py::arg("min_token_prob") = 0.1,
+           "(tokens, probs, score, match_len) of the best draft continuing context.")
+      .def_property_readonly("max_depth", [](PyTree& t) { return t.tree_.max_depth(); })
+      .def_property_readonly("num_seqs", [](PyTree& t) { return t.tree_.num_seqs(); })
+      .def_property_readonly("num_nodes", [](PyTree& t) { return t.tree_.num_nodes(); })
+      .def_property_readonly("memory_bytes", [](PyTree& t) { return t.tree_.memory_bytes(); })
+      .def("_check", [](PyTree& t) { t.tree_.validate(); });
+
+  py::class_<PyCache>(m, "SuffixCache")
+      .def(py::init<long long, long long, bool, const std::string&, double, double, double>(),
+           py::arg("max_depth") = 64, py::arg("max_cached_requests") = 10000, py::arg("cache_in_flight") = false,
+           py::arg("tie_break") = "recent", py::arg("max_spec_factor") = 1.0, py::arg("max_spec_offset") = 0.0,
+           py::arg("min_token_prob") = 0.1)
+      .def("start", &PyCache::start, py::arg("key"), py::arg("prompt"))
+      .def("append", &PyCache::append, py::arg("key"), py::arg("tokens"))
+      .def("sync_speculate", &PyCache::sync_speculate, py::arg("key"), py::arg("tokens"), py::arg("num_new"),
+           py::arg("max_tokens"))
+      .def("speculate", &PyCache::speculate, py::arg("key"), py::arg("max_tokens"))
+      .def("finish", &PyCache::finish, py::arg("key"))
+      .def("length", &PyCache::length, py::arg("key"))
+      .def("local_count", &PyCache::local_count, py::arg("key"), py::arg("pattern"))
+      .def("global_count", &PyCache::global_count, py::arg("pattern"))
+      .def_property_readonly("num_active", [](PyCache& c) { return c.cache_.num_active(); })
+      .def_property_readonly("num_cached", [](PyCache& c) { return c.cache_.num_cached(); })
+      .def_property_readonly("num_nodes", [](PyCache& c) { return c.cache_.num_nodes(); })
+      .def_property_readonly("global_nodes", [](PyCache& c) { return c.cache_.global().num_nodes(); })
+      .def_property_readonly("memory_bytes", [](PyCache& c) { return c.cache_.memory_bytes(); })
+      .def("_check", [](PyCache& c) { c.cache_.validate(); });
+}

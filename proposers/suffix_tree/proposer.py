@@ -1,0 +1,129 @@
+"""SuffixDecoding proposer (Oliaro et al., arXiv 2411.04975) on a compiled suffix-tree core.
+
+Each request gets a suffix tree over its own prompt and output; finished responses go into a
+global tree bounded to the `max_cached_requests` most recent (FIFO). A draft follows the most
+frequent continuation of a suffix of the context; each token's confidence is its path
+probability (product of child count / parent count), and the draft with the highest sum of
+probabilities (expected accepted tokens) over match lengths and both trees wins. The per-match
+budget is floor(max_spec_factor * match_len + max_spec_offset), capped by the engine's cap.
+
+All the work is in `_core` (suffix_tree.hpp); this class maps request ids and checks the context.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Hashable, Literal, Sequence
+
+import pydantic
+
+from spec_plugins.core import Draft, DraftRequest
+
+try:
+    from spec_plugins.proposers.suffix_tree import _core
+except ImportError as exc:  # pragma: no cover - only without a build
+    raise ImportError(
+        "spec_plugins.proposers.suffix_tree._core is not built; install the package with `pip install -e .` "
+        f"(needs a C++17 compiler): {exc}"
+    ) from exc
+
+
+class SuffixTreeProposer:
+    name = "suffix_tree"
+
+    class Options(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+        max_depth: int = pydantic.Field(default=64, ge=1, le=4096, description="longest match + draft, in tokens")
+        max_cached_requests: int = pydantic.Field(
+            default=10000, ge=0, le=2**31 - 1, description="finished responses kept (FIFO); 0: no global tree"
+        )
+        max_spec_factor: float = pydantic.Field(default=1.0, ge=0.0, le=1e6)
+        max_spec_offset: float = pydantic.Field(default=0.0, ge=-1e6, le=1e6)
+        min_token_prob: float = pydantic.Field(default=0.1, ge=0.0, le=1.0)
+        cache_in_flight: bool = pydantic.Field(
+            default=False, description="also put responses in the global tree while they are generated"
+        )
+        tie_break: Literal["recent", "token"] = pydantic.Field(
+            default="recent", description="equal counts: most recent occurrence, or smaller token id"
+        )
+
+    def __init__(self, **options: Any) -> None:
+        try:
+            self.options = self.Options(**options)
+        except pydantic.ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise ValueError(f"SuffixTreeProposer option {where}: {first['msg']} (got {first.get('input')!r})") from None
+        o = self.options
+        self._core = _core.SuffixCache(
+            max_depth=o.max_depth,
+            max_cached_requests=o.max_cached_requests,
+            cache_in_flight=o.cache_in_flight,
+            tie_break=o.tie_break,
+            max_spec_factor=o.max_spec_factor,
+            max_spec_offset=o.max_spec_offset,
+            min_token_prob=o.min_token_prob,
+        )
+        self._keys: dict[Hashable, int] = {}
+        self._next_key = 0
+
+    # ---- Proposer protocol ----------------------------------------------------------------------
+    def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        core, keys, out = self._core, self._keys, []
+        for r in requests:
+            key = keys.get(r.req_id)
+            if key is None:  # first sight: the whole context is the prompt
+                key = self._new_key(r.req_id, r.tokens)
+                tokens, conf, _, _ = core.speculate(key, r.max_draft)
+            else:
+                try:
+                    tokens, conf, _, _ = core.sync_speculate(key, r.tokens, r.num_new, r.max_draft)
+                except ValueError as exc:
+                    raise ValueError(f"suffix_tree: request {r.req_id!r}: {exc}") from None
+            out.append(Draft(tokens, None, conf))
+        return out
+
+    def finish(self, req_id: Hashable) -> None:
+        """Moves the response into the global tree and frees the request (unknown ids are ignored)."""
+        key = self._keys.pop(req_id, None)
+        if key is not None:
+            self._core.finish(key)
+
+    # ---- low-level API (replay benchmarks, tests) -----------------------------------------------
+    def start(self, req_id: Hashable, prompt_ids: Sequence[int]) -> None:
+        if req_id in self._keys:
+            raise ValueError(f"suffix_tree: request {req_id!r} is already started")
+        self._new_key(req_id, prompt_ids)
+
+    def append(self, req_id: Hashable, token_ids: Sequence[int]) -> None:
+        self._core.append(self._key(req_id), token_ids)
+
+    def speculate(self, req_id: Hashable, max_tokens: int) -> tuple[list[int], list[float], float, int]:
+        """(draft tokens, path probabilities, score = sum of probabilities, match length)."""
+        return self._core.speculate(self._key(req_id), max_tokens)
+
+    def stats(self) -> dict[str, int]:
+        c = self._core
+        return {
+            "active_requests": c.num_active,
+            "cached_requests": c.num_cached,
+            "nodes": c.num_nodes,
+            "global_nodes": c.global_nodes,
+            "memory_bytes": c.memory_bytes,
+        }
+
+    # ---- helpers --------------------------------------------------------------------------------
+    def _new_key(self, req_id: Hashable, prompt: Sequence[int]) -> int:
+        key = self._next_key
+        try:
+            self._core.start(key, prompt)
+        except ValueError as exc:
+            raise ValueError(f"suffix_tree: request {req_id!r}: {exc}") from None
+        self._next_key += 1
+        self._keys[req_id] = key
+        return key
+
+    def _key(self, req_id: Hashable) -> int:
+        key = self._keys.get(req_id)
+        if key is None:
+            raise ValueError(f"suffix_tree: request {req_id!r} is not active (never started, or finished)")
+        return key

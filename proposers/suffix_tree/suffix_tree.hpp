@@ -1,0 +1,772 @@
+// Depth-limited suffix trees with occurrence counts, for SuffixDecoding drafts.
+//
+// A Tree holds sequences of token ids. Every start position j of every sequence contributes one
+// "suffix" x[j .. j+L) with L = min(max_depth, len - j); count(s) is the number of occurrences of the
+// string s (|s| <= max_depth), i.e. the number of suffixes that pass through s. A draft continues a
+// matched string by its most frequent continuation; the probability of each token is the product of
+// count(child) / count(parent) along the path.
+//
+// Representation (path-compressed, indices only, no per-node heap objects):
+//   * A node stands for a chain of trie positions with equal counts; it stores the depth of its last
+//     position and a reference occurrence (seq, start) of its whole string, so its edge tokens are
+//     seq[start + depth(parent) .. start + depth). The reference is always the most recent occurrence
+//     (largest (sequence order, start)): FIFO eviction of the oldest sequence can then never leave a
+//     surviving node pointing into freed tokens, and the same key breaks count ties ("most recent").
+//   * Each suffix's end ("endpoint") sits exactly at the end of a node; seq.endp[j] remembers that node.
+//     The endpoints of a sequence's last max_depth suffixes are the per-request match positions, and
+//     removing a sequence walks up from its endpoints without any token comparison.
+//   * A node with count 1 and no children is an "open leaf": its depth is implicit,
+//     min(max_depth, len(seq) - start), so a suffix that is unique grows for free. Appending a token
+//     therefore only touches the suffixes whose string occurred before (plus at most one new leaf),
+//     not all max_depth of them.
+//   * Nodes are canonical: apart from the root, a node with a single child holds at least one
+//     endpoint (otherwise it is merged into the child), so the tree has at most 2 nodes per suffix.
+//   * Children are found through one open-addressing hash map keyed by (parent, first token); a
+//     doubly linked sibling list is kept only for enumeration. Each node caches its best child
+//     (highest count, ties by recency or by smaller token); increments keep it exact in O(1),
+//     decrements (eviction only) mark it dirty and it is recomputed the next time a draft needs it.
+//
+// Everything is deterministic: no decision depends on hash order, node ids or addresses.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace suffix_tree {
+
+using i32 = std::int32_t;
+using u64 = std::uint64_t;
+
+constexpr i32 kNone = -1;
+constexpr i32 kDirty = -2;  // Node::best: unknown since a child's count went down
+constexpr i32 kOpen = -1;   // Node::depth of an open leaf
+constexpr i32 kRoot = 0;
+
+// (parent, token) -> child, linear probing with backward-shift deletion (no tombstones).
+class ChildMap {
+ public:
+  ChildMap() { rehash(16); }
+
+  i32 find(i32 parent, i32 tok) const {
+    const u64 k = key(parent, tok);
+    for (size_t i = home(k);; i = (i + 1) & mask_) {
+      const Slot& s = slots_[i];
+      if (s.key == k) return s.val;
+      if (s.key == kEmpty) return kNone;
+    }
+  }
+
+  void insert(i32 parent, i32 tok, i32 child) {  // the key must be absent
+    if ((size_ + 1) * 2 > slots_.size()) rehash(slots_.size() * 2);
+    put(key(parent, tok), child);
+    ++size_;
+  }
+
+  void assign(i32 parent, i32 tok, i32 child) { slots_[locate(key(parent, tok))].val = child; }
+
+  void erase(i32 parent, i32 tok) {
+    size_t i = locate(key(parent, tok));
+    slots_[i].key = kEmpty;
+    --size_;
+    // Shift back later entries of the probe run that would otherwise become unreachable.
+    for (size_t j = (i + 1) & mask_; slots_[j].key != kEmpty; j = (j + 1) & mask_) {
+      const size_t h = home(slots_[j].key);
+      const bool stays = (i < j) ? (i < h && h <= j) : (i < h || h <= j);
+      if (!stays) {
+        slots_[i] = slots_[j];
+        slots_[j].key = kEmpty;
+        i = j;
+      }
+    }
+  }
+
+  void reserve(size_t n) {
+    size_t cap = slots_.size();
+    while (n * 2 > cap) cap *= 2;
+    if (cap != slots_.size()) rehash(cap);
+  }
+
+  size_t size() const { return size_; }
+  size_t bytes() const { return slots_.capacity() * sizeof(Slot); }
+
+ private:
+  struct Slot {
+    u64 key;
+    i32 val;
+  };
+  static constexpr u64 kEmpty = ~u64(0);  // parent and token are both < 2^31, so never a real key
+
+  static u64 key(i32 parent, i32 tok) { return (u64(std::uint32_t(parent)) << 32) | std::uint32_t(tok); }
+  size_t home(u64 k) const { return size_t((k * 0x9E3779B97F4A7C15ull) >> shift_); }
+
+  size_t locate(u64 k) const {
+    size_t i = home(k);
+    while (slots_[i].key != k) i = (i + 1) & mask_;
+    return i;
+  }
+
+  void put(u64 k, i32 v) {
+    size_t i = home(k);
+    while (slots_[i].key != kEmpty) i = (i + 1) & mask_;
+    slots_[i] = Slot{k, v};
+  }
+
+  void rehash(size_t cap) {
+    std::vector<Slot> old;
+    old.swap(slots_);
+    slots_.assign(cap, Slot{kEmpty, 0});
+    mask_ = cap - 1;
+    shift_ = 64;
+    for (size_t c = cap; c > 1; c >>= 1) --shift_;
+    for (const Slot& s : old)
+      if (s.key != kEmpty) put(s.key, s.val);
+  }
+
+  std::vector<Slot> slots_;
+  size_t mask_ = 0, size_ = 0;
+  int shift_ = 64;
+};
+
+struct Node {
+  i32 parent;
+  i32 count;  // occurrences of every string on this node's edge
+  i32 depth;  // length of the node's string; kOpen for an open leaf
+  i32 seq;    // reference occurrence: sequence slot ...
+  i32 start;  // ... and start position
+  i32 best;   // most frequent child, kNone or kDirty
+  i32 first, next, prev;  // child list, for enumeration only
+};
+
+struct Seq {
+  std::vector<i32> tok;
+  std::vector<i32> endp;  // endp[j]: node at whose end suffix j currently ends
+  u64 order = 0;          // insertion order; larger is younger
+  i32 active = 0;         // suffixes j < active (in the last max_depth) are open leaves
+  bool live = false;
+};
+
+enum class TieBreak { kRecent, kToken };
+
+struct SpecParams {
+  double factor = 1.0;    // per-match budget: floor(factor * match_len + offset)
+  double offset = 0.0;
+  double min_prob = 0.1;  // stop before a token whose path probability is below this
+};
+
+struct Draft {
+  std::vector<i32> tokens;
+  std::vector<double> probs;
+  double score = 0.0;  // sum of probs: expected accepted tokens under the count model
+  i32 match_len = 0;   // 0 when the draft is empty
+};
+
+class Tree {
+ public:
+  explicit Tree(i32 max_depth, TieBreak tie = TieBreak::kRecent) : D_(max_depth), tie_(tie) {
+    if (max_depth < 1) throw std::invalid_argument("max_depth: expected >= 1");
+    nodes_.push_back(Node{kNone, 0, 0, 0, 0, kNone, kNone, kNone, kNone});
+  }
+
+  i32 max_depth() const { return D_; }
+
+  // A new empty sequence, younger than all others; returns its slot.
+  i32 add_seq(size_t expected_len = 0) {
+    i32 s;
+    if (!free_seqs_.empty()) {
+      s = free_seqs_.back();
+      free_seqs_.pop_back();
+    } else {
+      s = i32(seqs_.size());
+      seqs_.emplace_back();
+    }
+    Seq& S = seqs_[s];
+    S.order = next_order_++;
+    S.active = 0;
+    S.live = true;
+    S.tok.reserve(expected_len);
+    S.endp.reserve(expected_len);
+    live_.push_back(s);
+    if (expected_len && num_nodes() == 1) {  // a fresh (per-request) tree: typical size
+      nodes_.reserve(expected_len + expected_len / 4 + 1);
+      kids_.reserve(expected_len + expected_len / 4);
+    }
+    return s;
+  }
+
+  void extend(i32 s, const i32* tok, size_t n) {
+    for (size_t i = 0; i < n; ++i) append(s, tok[i]);
+  }
+
+  // Removes the oldest sequence (FIFO is what keeps references valid, see the header comment).
+  i32 remove_oldest() {
+    if (live_.empty()) throw std::logic_error("remove_oldest: the tree holds no sequence");
+    const i32 s = live_.front();
+    live_.pop_front();
+    Seq& S = seqs_[s];
+    // Increasing j: among a node's endpoints from S the reference one (largest start) goes last.
+    for (size_t j = 0; j < S.endp.size(); ++j) drop(S.endp[j]);
+    std::vector<i32>().swap(S.tok);
+    std::vector<i32>().swap(S.endp);
+    S.live = false;
+    free_seqs_.push_back(s);
+    return s;
+  }
+
+  size_t num_seqs() const { return live_.size(); }
+  const Seq& seq(i32 s) const { return seqs_[s]; }
+  bool is_live(i32 s) const { return s >= 0 && s < i32(seqs_.size()) && seqs_[s].live; }
+  size_t num_nodes() const { return nodes_.size() - free_nodes_.size(); }
+
+  size_t memory_bytes() const {
+    size_t b = sizeof(*this) + nodes_.capacity() * sizeof(Node) + free_nodes_.capacity() * sizeof(i32) +
+               kids_.bytes() + seqs_.capacity() * sizeof(Seq) + free_seqs_.capacity() * sizeof(i32);
+    for (const Seq& S : seqs_) b += (S.tok.capacity() + S.endp.capacity()) * sizeof(i32);
+    return b;
+  }
+
+  // Occurrences of pattern (0 when absent or longer than max_depth).
+  i32 count(const i32* pat, i32 len) const {
+    if (len < 1 || len > D_) return 0;
+    i32 v, d;
+    return locate(pat, len, v, d) ? nodes_[v].count : 0;
+  }
+
+  // Drafts for the context ctx[0..n) (walked from the root for each match length); replaces `best`
+  // only by a strictly higher score. If the context ends with the whole of live sequence `own` (a
+  // response cached while in flight), the endpoints of `own` give the shorter match positions.
+  void speculate(const i32* ctx, i32 n, i32 max_tokens, const SpecParams& sp, Draft& best, i32 own = kNone) {
+    if (live_.empty() || max_tokens <= 0) return;
+    const i32 m = own == kNone ? 0 : std::min(i32(seqs_[own].tok.size()), n);
+    i32 lo = std::min(m, D_ - 1), hi = std::min(n, D_ - 1), v, d;
+    while (lo < hi) {  // occurrence is monotone in the match length: binary search the longest
+      const i32 mid = (lo + hi + 1) / 2;
+      if (locate(ctx + n - mid, mid, v, d)) lo = mid;
+      else hi = mid - 1;
+    }
+    search(lo, max_tokens, sp, best, [&](i32 L, i32& node, i32& depth) {
+      if (L > m) return locate(ctx + n - L, L, node, depth);
+      node = seqs_[own].endp[m - L];
+      depth = L;
+      return true;
+    });
+  }
+
+  // Drafts for sequence s's own context, in a tree that holds only s (a per-request tree). Its
+  // endpoints are the match positions, and suffixes that are open leaves occur only at the end, so
+  // only the last n - active lengths can continue.
+  void speculate_self(i32 s, i32 max_tokens, const SpecParams& sp, Draft& best) {
+    const Seq& S = seqs_[s];
+    const i32 n = i32(S.tok.size());
+    if (max_tokens <= 0 || S.active >= n) return;
+    const i32 lmax = std::min(n - S.active, D_ - 1);
+    search(lmax, max_tokens, sp, best, [&](i32 L, i32& node, i32& depth) {
+      node = seqs_[s].endp[n - L];
+      depth = L;
+      return true;
+    });
+  }
+
+  // Consistency check for tests: throws std::logic_error naming the first broken invariant.
+  void validate() const;
+
+ private:
+  // ---- basic accessors -------------------------------------------------------------------------
+  i32 depth_of(i32 v) const {
+    const Node& x = nodes_[v];
+    if (x.depth >= 0) return x.depth;
+    return std::min<i32>(D_, i32(seqs_[x.seq].tok.size()) - x.start);
+  }
+  // The node's string: str(v)[k] is its (k+1)-th token.
+  const i32* str(i32 v) const { return seqs_[nodes_[v].seq].tok.data() + nodes_[v].start; }
+  bool only_child(i32 c) const { return nodes_[c].prev == kNone && nodes_[c].next == kNone; }
+
+  i32 alloc() {
+    if (!free_nodes_.empty()) {
+      const i32 v = free_nodes_.back();
+      free_nodes_.pop_back();
+      return v;
+    }
+    nodes_.emplace_back();
+    return i32(nodes_.size() - 1);
+  }
+  void release(i32 v) {
+    nodes_[v].count = 0;
+    nodes_[v].parent = kNone;
+    free_nodes_.push_back(v);
+  }
+
+  // Child list.
+  void link(i32 p, i32 c) {
+    Node& x = nodes_[c];
+    x.parent = p;
+    x.prev = kNone;
+    x.next = nodes_[p].first;
+    if (x.next != kNone) nodes_[x.next].prev = c;
+    nodes_[p].first = c;
+  }
+  void unlink(i32 c) {
+    const Node& x = nodes_[c];
+    if (x.prev != kNone) nodes_[x.prev].next = x.next;
+    else nodes_[x.parent].first = x.next;
+    if (x.next != kNone) nodes_[x.next].prev = x.prev;
+  }
+  void replace(i32 old, i32 nw) {  // nw takes old's place among its siblings
+    const Node o = nodes_[old];
+    Node& n = nodes_[nw];
+    n.parent = o.parent;
+    n.prev = o.prev;
+    n.next = o.next;
+    if (o.prev != kNone) nodes_[o.prev].next = nw;
+    else nodes_[o.parent].first = nw;
+    if (o.next != kNone) nodes_[o.next].prev = nw;
+  }
+
+  // ---- ordering of continuations ---------------------------------------------------------------
+  // Does child a beat its sibling b? pd is the parent's depth (used by the token rule).
+  bool better(i32 a, i32 b, i32 pd) const {
+    const Node& x = nodes_[a];
+    const Node& y = nodes_[b];
+    if (x.count != y.count) return x.count > y.count;
+    if (tie_ == TieBreak::kRecent) {
+      const u64 ox = seqs_[x.seq].order, oy = seqs_[y.seq].order;
+      if (ox != oy) return ox > oy;
+      return x.start > y.start;
+    }
+    return str(a)[pd] < str(b)[pd];
+  }
+  void raise_best(i32 p, i32 c, i32 pd) {  // c's count just went up
+    const i32 b = nodes_[p].best;
+    if (b == kDirty) return;
+    if (b == kNone || (b != c && better(c, b, pd))) nodes_[p].best = c;
+  }
+  i32 best_child(i32 p) {
+    i32 b = nodes_[p].best;
+    if (b != kDirty) return b;
+    const i32 pd = depth_of(p);
+    b = nodes_[p].first;
+    if (b != kNone)
+      for (i32 c = nodes_[b].next; c != kNone; c = nodes_[c].next)
+        if (better(c, b, pd)) b = c;
+    nodes_[p].best = b;
+    return b;
+  }
+  // Occurrence (T, j) is now counted in closed node v: keep the most recent one as reference.
+  void touch(i32 v, i32 T, i32 j) {
+    Node& x = nodes_[v];
+    if (x.seq == T ? j > x.start : seqs_[T].order > seqs_[x.seq].order) {
+      x.seq = T;
+      x.start = j;
+    }
+  }
+
+  // ---- insertion -------------------------------------------------------------------------------
+  void append(i32 T, i32 t) {
+    Seq& S = seqs_[T];
+    const i32 n = i32(S.tok.size());
+    S.tok.push_back(t);  // open leaves of T are one token longer from here on
+    S.endp.push_back(kRoot);
+    // Suffixes j < n + 1 - D have reached max_depth; those below `active` are open leaves, unless
+    // another sequence was appended since (it may have repeated one of them: in-flight caching).
+    const i32 lo = std::max(last_writer_ == T ? S.active : 0, n + 1 - D_);
+    last_writer_ = T;
+    // Longest first: each suffix sees the tree with all longer suffixes already extended.
+    for (i32 j = lo; j <= n; ++j) {
+      const i32 u = seqs_[T].endp[j];
+      if (j < n && nodes_[u].depth == kOpen) continue;
+      step(T, j, u, t);
+    }
+    // Unique suffixes form a prefix of the window (a string that ends with a unique string is
+    // unique), so `active` only moves forward.
+    i32 a = lo;
+    const Seq& S2 = seqs_[T];
+    while (a <= n && nodes_[S2.endp[a]].depth == kOpen) ++a;
+    seqs_[T].active = a;
+  }
+
+  // Suffix j of sequence T ends at node u (at its end; u is the root for the new empty suffix);
+  // extend it by token t.
+  void step(i32 T, i32 j, i32 u, i32 t) {
+    const i32 c = kids_.find(u, t);
+    const i32 du = nodes_[u].depth;  // u is closed: it holds this endpoint and more occurrences
+    if (c == kNone) {  // new continuation: an open leaf
+      const i32 w = alloc();
+      nodes_[w] = Node{u, 1, kOpen, T, j, kNone, kNone, kNone, kNone};
+      link(u, w);
+      kids_.insert(u, t, w);
+      raise_best(u, w, du);
+      seqs_[T].endp[j] = w;
+      return;
+    }
+    const i32 dc = depth_of(c);
+    if (dc == du + 1) {  // c's edge is one token: the endpoint moves onto c
+      Node& x = nodes_[c];
+      x.depth = dc;  // freezes an open leaf that now has a second occurrence
+      x.count += 1;
+      touch(c, T, j);
+      seqs_[T].endp[j] = c;
+      raise_best(u, c, du);
+      // u lost this endpoint; if nothing else ends at u and c is its only child, they merge.
+      if (u != kRoot && nodes_[u].count == nodes_[c].count && only_child(c)) absorb(u, c);
+      return;
+    }
+    const i32 next_tok = str(c)[du + 1];
+    if (u != kRoot && nodes_[u].count == nodes_[c].count + 1 && only_child(c)) {
+      // Only this endpoint ends at u and every other occurrence of u continues into c: slide u's
+      // end one token down c's edge instead of splitting c and merging u into the new node.
+      nodes_[u].depth = du + 1;
+      kids_.erase(u, t);
+      kids_.insert(u, next_tok, c);
+      touch(u, T, j);
+      return;
+    }
+    // Split c after its first token; the new upper node v holds the endpoint.
+    const i32 v = alloc();
+    const Node cc = nodes_[c];
+    nodes_[v] = Node{u, cc.count + 1, du + 1, cc.seq, cc.start, c, kNone, kNone, kNone};
+    replace(c, v);
+    kids_.assign(u, t, v);
+    Node& x = nodes_[c];
+    x.parent = v;
+    x.prev = x.next = kNone;
+    nodes_[v].first = c;
+    kids_.insert(v, next_tok, c);
+    touch(v, T, j);
+    if (nodes_[u].best == c) nodes_[u].best = v;
+    raise_best(u, v, du);
+    seqs_[T].endp[j] = v;
+  }
+
+  // u (not the root) has only child c and no endpoint of its own: c takes u's place.
+  void absorb(i32 u, i32 c) {
+    const i32 p = nodes_[u].parent;
+    const i32 pd = nodes_[p].depth;
+    const i32 tu = str(u)[pd];
+    const i32 tc = str(c)[nodes_[u].depth];
+    kids_.erase(u, tc);
+    replace(u, c);
+    kids_.assign(p, tu, c);
+    if (nodes_[p].best == u) nodes_[p].best = c;
+    release(u);
+  }
+
+  // ---- removal ---------------------------------------------------------------------------------
+  // Removes one endpoint at w's end: every node from w up loses one occurrence.
+  void drop(i32 w) {
+    i32 v = w;
+    // Nodes reaching count 0 are childless (children never outnumber their parent); they are at
+    // the bottom of the path.
+    while (v != kRoot) {
+      Node& x = nodes_[v];
+      const i32 p = x.parent;
+      if (--x.count > 0) break;
+      kids_.erase(p, str(v)[depth_of(p)]);
+      unlink(v);
+      if (nodes_[p].best == v) nodes_[p].best = kDirty;
+      release(v);
+      v = p;
+    }
+    const i32 fix = v;  // the lowest survivor
+    if (v != kRoot) {
+      if (nodes_[nodes_[v].parent].best == v) nodes_[nodes_[v].parent].best = kDirty;
+      for (i32 a = nodes_[v].parent; a != kRoot; a = nodes_[a].parent) {
+        nodes_[a].count -= 1;
+        if (nodes_[nodes_[a].parent].best == a) nodes_[nodes_[a].parent].best = kDirty;
+      }
+    }
+    // Restore canonical form at the one node whose own endpoints or children changed.
+    if (fix == kRoot) return;
+    Node& f = nodes_[fix];
+    if (f.first == kNone) {
+      // Childless: its count is its endpoints. One endpoint left -> an open leaf; the reference is
+      // that endpoint's occurrence (largest start among what remains), so the implicit depth agrees.
+      if (f.count == 1) f.depth = kOpen;
+      f.best = kNone;
+    } else if (only_child(f.first) && nodes_[f.first].count == f.count) {
+      absorb(fix, f.first);
+    }
+  }
+
+  // ---- matching and drafting -------------------------------------------------------------------
+  // Position of pattern p[0..L): node v whose edge contains depth L. False if it does not occur.
+  bool locate(const i32* p, i32 L, i32& node, i32& depth) const {
+    i32 v = kRoot, k = 0;
+    while (k < L) {
+      const i32 c = kids_.find(v, p[k]);
+      if (c == kNone) return false;
+      const i32* sc = str(c);
+      const i32 e = std::min(depth_of(c), L);
+      for (++k; k < e; ++k)
+        if (sc[k] != p[k]) return false;
+      v = c;
+    }
+    node = v;
+    depth = L;
+    return true;
+  }
+
+  static i32 budget(i32 L, i32 max_tokens, const SpecParams& sp) {
+    const double b = std::floor(L * sp.factor + sp.offset + 1e-6);
+    if (!(b > 0)) return 0;
+    return b >= max_tokens ? max_tokens : i32(b);
+  }
+
+  // Tries match lengths lmax..1 (all of which occur), keeping the best score; a shorter match wins
+  // only with a strictly higher score. A length whose budget cannot beat the best is skipped, and
+  // since budgets shrink with the length, the loop stops at the first such budget.
+  template <class Locus>
+  void search(i32 lmax, i32 max_tokens, const SpecParams& sp, Draft& best, Locus locus) {
+    for (i32 L = lmax; L >= 1; --L) {
+      const i32 b = budget(L, max_tokens, sp);
+      if (b <= best.score) break;
+      const i32 room = std::min(b, D_ - L);
+      if (room <= best.score) continue;
+      i32 v, d;
+      if (!locus(L, v, d)) continue;
+      if (follow(v, d, room, sp.min_prob, best.score, scratch_) && scratch_.score > best.score) {
+        std::swap(best.tokens, scratch_.tokens);
+        std::swap(best.probs, scratch_.probs);
+        best.score = scratch_.score;
+        best.match_len = L;
+      }
+    }
+  }
+
+  // Follows the most frequent continuation from depth d on node v for up to `room` tokens.
+  // Returns false as soon as the draft provably cannot score above `floor`.
+  bool follow(i32 v, i32 d, i32 room, double min_prob, double floor, Draft& out) {
+    out.tokens.clear();
+    out.probs.clear();
+    double p = 1.0, s = 0.0;
+    i32 dv = depth_of(v);
+    const i32* sv = str(v);
+    for (i32 k = 0; k < room; ++k) {
+      if (d == dv) {
+        const i32 c = best_child(v);
+        if (c == kNone) break;
+        p *= double(nodes_[c].count) / double(nodes_[v].count);
+        if (p < min_prob) break;
+        // Probabilities never increase along the path: room - k more tokens add at most p each.
+        if (s + p * (room - k) <= floor - 1e-9) return false;
+        v = c;
+        dv = depth_of(c);
+        sv = str(c);
+      }
+      out.tokens.push_back(sv[d]);
+      out.probs.push_back(p);
+      s += p;
+      ++d;
+    }
+    out.score = s;
+    return true;
+  }
+
+  const i32 D_;
+  const TieBreak tie_;
+  std::vector<Node> nodes_;
+  std::vector<i32> free_nodes_;
+  ChildMap kids_;
+  std::vector<Seq> seqs_;
+  std::vector<i32> free_seqs_;
+  std::deque<i32> live_;  // live sequence slots, oldest first
+  u64 next_order_ = 0;
+  i32 last_writer_ = kNone;  // sequence appended last
+  Draft scratch_;
+};
+
+// ---- requests: one tree per request plus the global FIFO cache of responses --------------------
+struct CacheOptions {
+  i32 max_depth = 64;
+  long long max_cached = 10000;  // 0 disables the global tree
+  bool cache_active = false;     // also insert in-flight responses into the global tree
+  TieBreak tie = TieBreak::kRecent;
+  SpecParams spec;
+};
+
+class Cache {
+ public:
+  explicit Cache(const CacheOptions& o) : o_(o), global_(o.max_depth, o.tie) {}
+
+  const CacheOptions& options() const { return o_; }
+
+  void start(long long key, const std::vector<i32>& prompt) {
+    if (reqs_.count(key)) throw std::invalid_argument("request is already started");
+    Req r;
+    r.local = std::make_unique<Tree>(o_.max_depth, o_.tie);
+    r.seq = r.local->add_seq(prompt.size());
+    r.local->extend(r.seq, prompt.data(), prompt.size());
+    r.prompt_len = prompt.size();
+    if (o_.cache_active && o_.max_cached > 0) {
+      make_room();
+      r.gseq = global_.add_seq();
+      owner_[r.gseq] = key;
+    }
+    reqs_.emplace(key, std::move(r));
+  }
+
+  void append(long long key, const i32* tok, size_t n) {
+    Req& r = get(key);
+    r.local->extend(r.seq, tok, n);
+    if (r.gseq != kNone) global_.extend(r.gseq, tok, n);
+  }
+
+  size_t length(long long key) {
+    const Req& r = get(key);
+    return r.local->seq(r.seq).tok.size();
+  }
+
+  Draft speculate(long long key, i32 max_tokens) {
+    Req& r = get(key);
+    Draft best;
+    r.local->speculate_self(r.seq, max_tokens, o_.spec, best);
+    const Seq& S = r.local->seq(r.seq);
+    global_.speculate(S.tok.data(), i32(S.tok.size()), max_tokens, o_.spec, best, r.gseq);  // local wins ties
+    return best;
+  }
+
+  // Moves the response into the global tree (unless it is already there) and frees the request.
+  bool finish(long long key) {
+    auto it = reqs_.find(key);
+    if (it == reqs_.end()) return false;
+    Req& r = it->second;
+    if (r.gseq != kNone) {
+      owner_.erase(r.gseq);
+    } else if (!o_.cache_active && o_.max_cached > 0) {
+      const Seq& S = r.local->seq(r.seq);
+      const size_t len = S.tok.size() - r.prompt_len;
+      if (len > 0) {
+        make_room();
+        const i32 g = global_.add_seq(len);
+        global_.extend(g, S.tok.data() + r.prompt_len, len);
+      }
+    }
+    reqs_.erase(it);
+    return true;
+  }
+
+  bool has(long long key) const { return reqs_.count(key) != 0; }
+  size_t num_active() const { return reqs_.size(); }
+  size_t num_cached() const { return global_.num_seqs(); }
+  Tree& global() { return global_; }
+  Tree& local(long long key) { return *get(key).local; }
+
+  size_t num_nodes() const {
+    size_t n = global_.num_nodes();
+    for (const auto& kv : reqs_) n += kv.second.local->num_nodes();
+    return n;
+  }
+  size_t memory_bytes() const {
+    size_t b = sizeof(*this) + global_.memory_bytes() + owner_.size() * 32;
+    for (const auto& kv : reqs_) b += kv.second.local->memory_bytes() + 64;
+    return b;
+  }
+
+  void validate() const {
+    global_.validate();
+    for (const auto& kv : reqs_) kv.second.local->validate();
+  }
+
+ private:
+  struct Req {
+    std::unique_ptr<Tree> local;
+    i32 seq = 0;
+    size_t prompt_len = 0;
+    i32 gseq = kNone;  // in-flight slot in the global tree (cache_active), kNone once evicted
+  };
+
+  Req& get(long long key) {
+    auto it = reqs_.find(key);
+    if (it == reqs_.end()) throw std::invalid_argument("unknown request (not started, or finished)");
+    return it->second;
+  }
+
+  void make_room() {  // FIFO: evict the oldest responses until one more fits
+    while (global_.num_seqs() > 0 && (long long)global_.num_seqs() >= o_.max_cached) {
+      const i32 s = global_.remove_oldest();
+      auto it = owner_.find(s);
+      if (it != owner_.end()) {  // still generating: it stops feeding the global tree
+        reqs_[it->second].gseq = kNone;
+        owner_.erase(it);
+      }
+    }
+  }
+
+  CacheOptions o_;
+  Tree global_;
+  std::unordered_map<long long, Req> reqs_;  // looked up only, never iterated for decisions
+  std::unordered_map<i32, long long> owner_;  // global slot -> in-flight request
+};
+
+// ---- validation (tests only) --------------------------------------------------------------------
+inline void Tree::validate() const {
+  auto fail = [](const std::string& what, i32 v) {
+    throw std::logic_error("suffix tree invariant broken at node " + std::to_string(v) + ": " + what);
+  };
+  const size_t N = nodes_.size();
+  std::vector<char> freed(N, 0);
+  for (i32 v : free_nodes_) freed[v] = 1;
+  // Endpoints: where they sit, how many per node, and the most recent occurrence in each subtree.
+  std::vector<i32> ends(N, 0);
+  std::vector<std::pair<u64, i32>> newest(N, {0, -1});
+  for (i32 s : live_) {
+    const Seq& S = seqs_[s];
+    const i32 n = i32(S.tok.size());
+    if (S.endp.size() != S.tok.size()) fail("endpoint array size", s);
+    for (i32 j = 0; j < n; ++j) {
+      const i32 w = S.endp[j];
+      if (w <= kRoot || w >= i32(N) || freed[w]) fail("endpoint on a dead node", w);
+      const i32 dw = depth_of(w);
+      if (dw != std::min(D_, n - j)) fail("endpoint depth", w);
+      for (i32 k = 0; k < dw; ++k)
+        if (str(w)[k] != S.tok[j + k]) fail("endpoint string", w);
+      ends[w] += 1;
+      const std::pair<u64, i32> key{S.order, j};
+      for (i32 a = w; a != kRoot; a = nodes_[a].parent)
+        if (newest[a].second < 0 || key > newest[a]) newest[a] = key;
+    }
+    if (s == last_writer_)
+      for (i32 j = std::max(0, n - D_ + 1); j < std::min(S.active, n); ++j)
+      if (nodes_[S.endp[j]].depth != kOpen) fail("suffix below `active` is not an open leaf", S.endp[j]);
+  }
+  size_t live_count = 0;
+  for (i32 v = 0; v < i32(N); ++v) {
+    if (freed[v]) continue;
+    ++live_count;
+    const Node& x = nodes_[v];
+    // Children: list links, counts, best child.
+    i32 kids = 0, sum = 0, prev = kNone, best = kNone;
+    const i32 dv = depth_of(v);
+    for (i32 c = x.first; c != kNone; c = nodes_[c].next) {
+      if (freed[c] || nodes_[c].parent != v || nodes_[c].prev != prev) fail("child list", c);
+      ++kids;
+      sum += nodes_[c].count;
+      if (best == kNone || better(c, best, dv)) best = c;
+      prev = c;
+    }
+    if (x.best != kDirty && x.best != best) fail("cached best child", v);
+    if (v == kRoot) continue;
+    const i32 p = x.parent;
+    if (p < 0 || p >= i32(N) || freed[p]) fail("parent", v);
+    const i32 pd = depth_of(p);
+    if (!(pd < dv && dv <= D_)) fail("depth", v);
+    if (x.seq < 0 || x.seq >= i32(seqs_.size()) || !seqs_[x.seq].live) fail("reference sequence", v);
+    if (x.start < 0 || x.start + dv > i32(seqs_[x.seq].tok.size())) fail("reference range", v);
+    for (i32 k = 0; k < pd; ++k)
+      if (str(v)[k] != str(p)[k]) fail("string disagrees with the parent's", v);
+    if (kids_.find(p, str(v)[pd]) != v) fail("child map", v);
+    if (x.count < 1 || x.count != ends[v] + sum) fail("count", v);
+    if ((x.depth == kOpen) != (x.count == 1 && kids == 0)) fail("open leaf", v);
+    if (kids == 1 && nodes_[x.first].count == x.count) fail("mergeable node", v);
+    if (newest[v] != std::make_pair(seqs_[x.seq].order, x.start)) fail("reference is not the most recent", v);
+  }
+  if (kids_.size() != live_count - 1) fail("child map size", -1);
+}
+
+}  // namespace suffix_tree

@@ -1,0 +1,17 @@
+"""Builds the compiled core of the suffix-tree proposer; everything else is in pyproject.toml."""
+
+from pybind11.setup_helpers import Pybind11Extension, build_ext
+from setuptools import setup
+
+setup(
+    ext_modules=[
+        Pybind11Extension(
+            "spec_plugins.proposers.suffix_tree._core",
+            ["proposers/suffix_tree/_core.cpp"],
+            depends=["proposers/suffix_tree/suffix_tree.hpp"],
+            cxx_std=17,
+            extra_compile_args=["-O3"],
+        )
+    ],
+    cmdclass={"build_ext": build_ext},
+)

@@ -1,0 +1,469 @@
+"""The suffix-tree proposer against brute-force oracles.
+
+The oracle counts every substring (length <= max_depth) of the stored sequences directly and builds
+drafts from those counts: follow the most frequent continuation (ties: most recent occurrence, or
+smaller token id), probability = product of count(child) / count(parent), stop below min_token_prob
+or at the per-match budget floor(factor * match_len + offset); over match lengths keep the highest
+score (sum of probabilities), ties to the longer match; the global tree replaces the per-request
+draft only with a strictly higher score. HYPOTHESIS_PROFILE=slow runs 10^4 cases per property.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from spec_plugins.core import DraftRequest, check_drafts
+from spec_plugins.proposers.suffix_tree import SuffixTreeProposer, _core
+from spec_plugins.registry import create_proposer
+
+SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+# ---- oracle -------------------------------------------------------------------------------------
+class Table:
+    """count and most recent occurrence (order, start) of every substring of length <= depth."""
+
+    def __init__(self, seqs: list[tuple[int, list[int]]], depth: int) -> None:
+        self.depth = depth
+        self.count: dict[tuple, int] = {}
+        self.newest: dict[tuple, tuple[int, int]] = {}
+        alphabet = set()
+        for order, x in seqs:
+            alphabet.update(x)
+            for i in range(len(x)):
+                for L in range(1, min(depth, len(x) - i) + 1):
+                    s = tuple(x[i : i + L])
+                    self.count[s] = self.count.get(s, 0) + 1
+                    if s not in self.newest or (order, i) > self.newest[s]:
+                        self.newest[s] = (order, i)
+        self.alphabet = sorted(alphabet)
+
+    def follow(self, s: tuple, room: int, min_prob: float, tie: str):
+        toks, probs, p, score = [], [], 1.0, 0.0
+        while len(toks) < room:
+            kids = [s + (c,) for c in self.alphabet if s + (c,) in self.count]
+            if not kids:
+                break
+            if tie == "recent":
+                best = max(kids, key=lambda k: (self.count[k], self.newest[k]))
+            else:
+                best = max(kids, key=lambda k: (self.count[k], -k[-1]))
+            p *= self.count[best] / self.count[s]
+            if p < min_prob:
+                break
+            toks.append(best[-1])
+            probs.append(p)
+            score += p
+            s = best
+        return toks, probs, score
+
+    def draft(self, ctx, max_tokens, factor, offset, min_prob, tie):
+        best = ([], [], 0.0, 0)
+        for L in range(1, min(len(ctx), self.depth - 1) + 1):
+            s = tuple(ctx[len(ctx) - L :])
+            if s not in self.count:
+                break
+            budget = max(0, min(max_tokens, math.floor(L * factor + offset + 1e-6)))
+            toks, probs, score = self.follow(s, min(budget, self.depth - L), min_prob, tie)
+            if toks and score >= best[2]:
+                best = (toks, probs, score, L)
+        return best
+
+
+def oracle_draft(local: list[int], cached: list[tuple[int, list[int]]], depth, max_tokens, spec, tie):
+    factor, offset, min_prob = spec
+    mine = Table([(0, local)], depth).draft(local, max_tokens, factor, offset, min_prob, tie)
+    if not cached:
+        return mine
+    other = Table(cached, depth).draft(local, max_tokens, factor, offset, min_prob, tie)
+    return other if other[2] > mine[2] else mine
+
+
+def same(got, want):
+    assert list(got[0]) == list(want[0])
+    assert list(got[1]) == list(want[1])  # bit-identical: same operations in the same order
+    assert got[2] == want[2] and got[3] == want[3]
+
+
+# ---- strategies ---------------------------------------------------------------------------------
+tokens = st.lists(st.integers(0, 3), max_size=24)
+spec_params = st.tuples(
+    st.sampled_from([0.0, 0.5, 1.0, 1.7, 3.0]),
+    st.sampled_from([-2.0, 0.0, 0.5, 2.0]),
+    st.sampled_from([0.0, 0.1, 0.3, 0.5, 1.0]),
+)
+
+
+# ---- the tree on its own: counts, drafts, FIFO eviction, interleaved growth ----------------------
+@SETTINGS
+@given(
+    depth=st.integers(1, 9),
+    tie=st.sampled_from(["recent", "token"]),
+    ops=st.lists(
+        st.one_of(
+            st.tuples(st.just("add"), st.integers(0, 0), tokens),
+            st.tuples(st.just("extend"), st.integers(0, 7), tokens.filter(bool)),
+            st.tuples(st.just("evict"), st.integers(0, 0), st.just([])),
+        ),
+        max_size=10,
+    ),
+    queries=st.lists(st.tuples(tokens, st.integers(0, 10), spec_params), min_size=1, max_size=4),
+)
+def test_tree_matches_oracle(depth, tie, ops, queries):
+    tree = _core.SuffixTree(depth, tie)
+    live: list[list] = []  # [handle, order, tokens], oldest first
+    order = 0
+    for kind, idx, toks in ops:
+        if kind == "add":
+            live.append([tree.add(toks), order, list(toks)])
+            order += 1
+        elif kind == "extend" and live:
+            entry = live[idx % len(live)]
+            tree.extend(entry[0], toks)
+            entry[2] += toks
+        elif kind == "evict" and live:
+            assert tree.remove_oldest() == live.pop(0)[0]
+        tree._check()
+    seqs = [(o, x) for _, o, x in live]
+    table = Table(seqs, depth)
+    assert tree.num_seqs == len(live)
+    for s, c in table.count.items():
+        assert tree.count(list(s)) == c
+    assert tree.num_nodes <= 2 * sum(len(x) for _, x in seqs) + 1  # at most 2 nodes per suffix
+    for ctx, max_tokens, (factor, offset, min_prob) in queries:
+        for c in [ctx] + [x[: len(x) // 2] for _, x in seqs[:2]]:
+            got = tree.speculate(c, max_tokens, factor, offset, min_prob)
+            want = table.draft(c, max_tokens, factor, offset, min_prob, tie) if seqs else ([], [], 0.0, 0)
+            same(got, want)
+
+
+# ---- requests: per-request tree + global FIFO cache ---------------------------------------------
+@SETTINGS
+@given(
+    depth=st.integers(2, 8),
+    max_cached=st.integers(0, 3),
+    in_flight=st.booleans(),
+    tie=st.sampled_from(["recent", "token"]),
+    spec=spec_params,
+    ops=st.lists(
+        st.tuples(st.sampled_from(["start", "append", "append", "finish"]), st.integers(0, 3), tokens),
+        max_size=14,
+    ),
+    max_tokens=st.integers(0, 8),
+)
+def test_cache_matches_oracle(depth, max_cached, in_flight, tie, spec, ops, max_tokens):
+    factor, offset, min_prob = spec
+    core = _core.SuffixCache(depth, max_cached, in_flight, tie, factor, offset, min_prob)
+    active: dict[int, dict] = {}  # key -> {"tokens", "prompt", "slot"}
+    cached: list[dict] = []  # global sequences, oldest first: {"order", "tokens", "owner"}
+    order = 0
+
+    def make_room():
+        while cached and len(cached) >= max_cached:
+            gone = cached.pop(0)
+            if gone["owner"] is not None:
+                active[gone["owner"]]["slot"] = None
+
+    for kind, key, toks in ops:
+        if kind == "start" and key not in active:
+            core.start(key, toks)
+            active[key] = {"tokens": list(toks), "prompt": len(toks), "slot": None}
+            if in_flight and max_cached > 0:
+                make_room()
+                slot = {"order": order, "tokens": [], "owner": key}
+                order += 1
+                cached.append(slot)
+                active[key]["slot"] = slot
+        elif kind == "append" and key in active:
+            core.append(key, toks)
+            active[key]["tokens"] += toks
+            if active[key]["slot"] is not None:
+                active[key]["slot"]["tokens"] += toks
+        elif kind == "finish":
+            assert core.finish(key) == (key in active)
+            req = active.pop(key, None)
+            if req is not None:
+                if req["slot"] is not None:
+                    req["slot"]["owner"] = None
+                elif not in_flight and max_cached > 0 and len(req["tokens"]) > req["prompt"]:
+                    make_room()
+                    cached.append({"order": order, "tokens": req["tokens"][req["prompt"] :], "owner": None})
+                    order += 1
+        core._check()
+        assert core.num_cached == len(cached) and core.num_active == len(active)
+        for k, req in active.items():
+            want = oracle_draft(
+                req["tokens"], [(c["order"], c["tokens"]) for c in cached], depth, max_tokens, spec, tie
+            )
+            same(core.speculate(k, max_tokens), want)
+
+
+# ---- the Proposer protocol ----------------------------------------------------------------------
+@SETTINGS
+@given(
+    prompt=tokens,
+    steps=st.lists(st.tuples(st.lists(st.integers(0, 3), max_size=4), st.integers(0, 6)), max_size=8),
+    as_array=st.booleans(),
+)
+def test_propose_follows_the_request_lifecycle(prompt, steps, as_array):
+    p = SuffixTreeProposer(max_depth=8, max_cached_requests=2)
+    p.start("warm", [0, 1, 2, 3, 0, 1, 2, 3])
+    p.append("warm", [0, 1, 2])
+    p.finish("warm")  # caches the response [0, 1, 2]
+    ctx = list(prompt)
+    for i, (new, cap) in enumerate([([], 4)] + steps):
+        ctx += new
+        seen = np.asarray(ctx, dtype=np.int32) if as_array else list(ctx)
+        req = DraftRequest("r", seen, num_new=len(ctx) if i == 0 else len(new), max_draft=cap)
+        (draft,) = p.propose([req])
+        check_drafts([req], [draft])
+        want = oracle_draft(ctx, [(0, [0, 1, 2])], 8, cap, (1.0, 0.0, 0.1), "recent")
+        assert draft.tokens == want[0] and draft.confidence == want[1] and draft.probs is None
+    p.finish("r")
+    stats = p.stats()
+    assert stats["active_requests"] == 0 and stats["cached_requests"] == 1 + (len(ctx) > len(prompt))
+
+
+def test_propose_batches_requests_and_restarts_finished_ids():
+    p = create_proposer("suffix_tree", {"max_depth": 16})
+    a = [5, 6, 7, 8, 5, 6, 7]
+    b = [1, 2, 3, 1, 2]
+    drafts = p.propose([DraftRequest("a", a, len(a), 3), DraftRequest("b", b, len(b), 0)])
+    assert drafts[0].tokens == [8, 5, 6] and drafts[1].tokens == []
+    assert drafts[0].confidence == [0.5, 0.5, 0.5]  # count([5,6,7,8]) / count([5,6,7]), then one path
+    p.propose([DraftRequest("a", a + [8, 9], 2, 3)])
+    p.finish("a")
+    p.finish("never-seen")  # ignored
+    # A new request drafts from the finished response (tokens after its prompt: [8, 9]).
+    (d,) = p.propose([DraftRequest("a", [4, 8], 2, 3)])
+    assert d.tokens == [9] and d.confidence == [1.0]
+    with pytest.raises(ValueError, match=r"request 'a': context has 3 tokens, expected 2 seen before \+ num_new=2"):
+        p.propose([DraftRequest("a", [4, 8, 9], 2, 3)])
+
+
+def test_low_level_api_and_stats():
+    p = SuffixTreeProposer(max_depth=32, max_cached_requests=1)
+    p.start(1, [10, 11, 12, 13])
+    p.append(1, [10, 11])
+    assert p.speculate(1, 5) == ([12, 13], [0.5, 0.5], 1.0, 2)
+    assert p.speculate(1, 0) == ([], [], 0.0, 0)
+    p.finish(1)
+    p.start(2, [])
+    assert p.speculate(2, 5) == ([], [], 0.0, 0)  # empty prompt: empty drafts
+    p.append(2, [11])
+    assert p.speculate(2, 5) == ([], [], 0.0, 0)  # global holds [10, 11]: nothing follows 11
+    p.append(2, [7, 10])
+    assert p.speculate(2, 5) == ([11], [1.0], 1.0, 1)
+    s = p.stats()
+    assert s["active_requests"] == 1 and s["cached_requests"] == 1 and s["nodes"] > 0 and s["memory_bytes"] > 0
+
+
+def test_max_cached_zero_disables_the_global_tree():
+    p = SuffixTreeProposer(max_cached_requests=0)
+    p.start("a", [1])
+    p.append("a", [2, 3, 4])
+    p.finish("a")
+    p.start("b", [2, 3])
+    assert p.speculate("b", 4) == ([], [], 0.0, 0)
+    assert p.stats()["cached_requests"] == 0
+
+
+def test_drafts_are_deterministic_across_instances():
+    rng = random.Random(7)
+    seqs = [[rng.randrange(6) for _ in range(300)] for _ in range(5)]
+    outs = []
+    for _ in range(2):
+        p = SuffixTreeProposer(max_depth=24, max_cached_requests=3, tie_break="recent")
+        for i, s in enumerate(seqs):
+            p.start(i, s[:100])
+            p.append(i, s[100:])
+            p.finish(i)
+        p.start("q", seqs[0][:50])
+        outs.append([p.speculate("q", 8)] + [p.speculate("q", k) for k in range(4)])
+    assert outs[0] == outs[1]
+
+
+# ---- one very long context ----------------------------------------------------------------------
+def positions_draft(x: np.ndarray, ctx: np.ndarray, depth, max_tokens, factor, offset, min_prob):
+    """The oracle for one long sequence x, with occurrence positions instead of a substring table."""
+    n = len(x)
+    best = ([], [], 0.0, 0)
+    pos = np.arange(n + 1)  # starts of the empty string, including the end
+    for L in range(1, min(len(ctx), depth - 1) + 1):
+        pos = pos[pos >= 1] - 1
+        pos = pos[x[pos] == ctx[len(ctx) - L]]
+        if pos.size == 0:
+            break
+        budget = max(0, min(max_tokens, math.floor(L * factor + offset + 1e-6)))
+        cur, d, p, toks, probs, score = pos, L, 1.0, [], [], 0.0
+        while len(toks) < min(budget, depth - L):
+            ok = cur[cur + d < n]
+            if ok.size == 0:
+                break
+            nxt = x[ok + d]
+            counts = np.bincount(nxt)
+            top = counts.max()
+            winners = np.flatnonzero(counts == top)
+            # most recent occurrence among the tied continuations (single sequence: largest start)
+            c = max(winners, key=lambda t: ok[nxt == t].max())
+            p *= int(top) / cur.size
+            if p < min_prob:
+                break
+            toks.append(int(c))
+            probs.append(p)
+            score += p
+            cur, d = ok[nxt == c], d + 1
+        if toks and score >= best[2]:
+            best = (toks, probs, score, L)
+    return best
+
+
+def long_text(n: int, seed: int) -> np.ndarray:
+    """Random text with many long, slightly edited repeats (as in code edits and agent loops)."""
+    rng = np.random.default_rng(seed)
+    x = list(rng.integers(0, 50, 200))
+    while len(x) < n:
+        if rng.random() < 0.7:
+            a = int(rng.integers(0, len(x) - 10))
+            seg = x[a : a + int(rng.integers(5, 120))]
+            x += [int(rng.integers(0, 50)) if rng.random() < 0.03 else t for t in seg]
+        else:
+            x += list(rng.integers(0, 50, int(rng.integers(1, 30))))
+    return np.asarray(x[:n], dtype=np.int64)
+
+
+def test_very_long_context_matches_oracle():
+    x = long_text(120_000, seed=1)
+    p = SuffixTreeProposer(max_depth=64, max_cached_requests=4, max_spec_factor=2.0, min_token_prob=0.05)
+    p.start("long", x[:60_000])
+    for a in range(60_000, 120_000, 7_500):
+        p.append("long", x[a : a + 7_500])
+        n = a + 7_500
+        got = p.speculate("long", 24)
+        same(got, positions_draft(x[:n], x[:n], 64, 24, 2.0, 0.0, 0.05))
+    p.finish("long")
+    # The response (tokens after the 60k prompt) is in the global tree; draft a fresh context from it.
+    resp = x[60_000:]
+    ctx = np.concatenate([[7, 7, 7], resp[30_000:30_040]])
+    p.start("next", ctx)
+    got = p.speculate("next", 24)
+    want_local = positions_draft(ctx, ctx, 64, 24, 2.0, 0.0, 0.05)
+    want_global = positions_draft(resp, ctx, 64, 24, 2.0, 0.0, 0.05)
+    same(got, want_global if want_global[2] > want_local[2] else want_local)
+    assert got[3] >= 40  # the whole tail matched
+    assert p.stats()["nodes"] <= 2 * (60_000 + len(ctx)) + 2
+
+
+# ---- bounded memory -----------------------------------------------------------------------------
+def test_memory_stays_bounded_over_100k_requests():
+    max_cached, max_len = 64, 24
+    p = SuffixTreeProposer(max_depth=16, max_cached_requests=max_cached)
+    rng = np.random.default_rng(0)
+    pool = rng.integers(0, 40, size=(512, max_len))
+    lens = rng.integers(1, max_len + 1, size=100_000)
+    core = p._core
+    marks = {}
+    for i in range(100_000):
+        core.start(i, pool[i % 511, :4])
+        core.append(i, pool[(i * 7) % 512, : lens[i]])
+        core.finish(i)
+        if (i + 1) % 10_000 == 0 or i + 1 == 1_000:
+            marks[i + 1] = (core.num_cached, core.global_nodes, core.memory_bytes)
+    for cached, nodes, mem in marks.values():
+        assert cached == max_cached
+        # at most 2 nodes per stored suffix, plus the root
+        assert nodes <= 2 * max_cached * max_len + 1
+        # per stored token: 2 nodes (36 B) and 2 child-map slots (16 B at load >= 1/4), tokens and
+        # endpoints (8 B), doubled for vector growth -> < 400 B
+        assert mem <= 400 * max_cached * max_len + 64 * 1024
+    assert p.stats()["active_requests"] == 0
+
+
+# ---- bad input ----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "options, field",
+    [
+        ({"max_depth": 0}, "max_depth"),
+        ({"max_depth": 4097}, "max_depth"),
+        ({"max_depth": True}, "max_depth"),
+        ({"max_depth": "64"}, "max_depth"),
+        ({"max_cached_requests": -1}, "max_cached_requests"),
+        ({"max_spec_factor": -0.5}, "max_spec_factor"),
+        ({"max_spec_factor": float("nan")}, "max_spec_factor"),
+        ({"max_spec_offset": float("inf")}, "max_spec_offset"),
+        ({"min_token_prob": 1.5}, "min_token_prob"),
+        ({"tie_break": "oldest"}, "tie_break"),
+        ({"max_ngram": 3}, "max_ngram"),
+    ],
+)
+def test_bad_options_fail_with_the_field_name(options, field):
+    with pytest.raises(ValueError, match=field):
+        SuffixTreeProposer(**options)
+    with pytest.raises(ValueError, match=rf"proposer_options\[suffix_tree\]\.{field}"):
+        create_proposer("suffix_tree", options)
+
+
+@pytest.mark.parametrize(
+    "bad, msg",
+    [
+        ([1, -1], r"position 1 must be an integer in \[0, 2\*\*31\), got -1"),
+        ([2**31], r"position 0 .* got 2147483648"),
+        ([2**70], r"position 0"),
+        ([1, 2.5], r"position 1 .* got 2.5"),
+        ([True], r"position 0 .* got True"),
+        (["7"], r"position 0"),
+        ("abc", r"got a string"),
+        (5, r"expected a sequence of token ids"),
+        (np.array([1.0, 2.0]), r"dtype float64"),
+        (np.zeros((2, 2), dtype=np.int64), r"1-D"),
+        (np.array([3, -4], dtype=np.int64), r"position 1 .* got -4"),
+        (np.array([2**32 - 1], dtype=np.uint32), r"got 4294967295"),
+    ],
+)
+def test_bad_token_ids_raise_before_any_change(bad, msg):
+    p = SuffixTreeProposer()
+    with pytest.raises(ValueError, match=msg):
+        p.start("a", bad)
+    assert p.stats()["active_requests"] == 0
+    p.start("a", [1, 2])
+    with pytest.raises(ValueError, match=msg):
+        p.append("a", bad)
+    assert p._core.length(0) == 2
+    with pytest.raises(ValueError, match=msg):
+        _core.SuffixTree(8).speculate(bad, 4)
+
+
+def test_accepts_numpy_integer_inputs_of_any_width():
+    p = SuffixTreeProposer(max_depth=8)
+    p.start("a", np.array([1, 2, 3, 1, 2], dtype=np.int16))
+    p.append("a", [np.int64(3), np.uint8(1)])
+    p.append("a", np.array([2], dtype=np.uint64))
+    assert p._core.length(0) == 8
+    assert p.speculate("a", 3)[0] == [3, 1, 2][: len(p.speculate("a", 3)[0])]
+
+
+def test_misuse_of_the_low_level_api():
+    p = SuffixTreeProposer()
+    with pytest.raises(ValueError, match=r"request 'x' is not active"):
+        p.speculate("x", 3)
+    with pytest.raises(ValueError, match=r"request 'x' is not active"):
+        p.append("x", [1])
+    p.start("x", [1])
+    with pytest.raises(ValueError, match=r"already started"):
+        p.start("x", [1])
+    with pytest.raises(ValueError, match=r"max_tokens: expected an integer >= 0"):
+        p.speculate("x", -1)
+    with pytest.raises(ValueError, match=r"max_depth: expected an integer in \[1, 4096\]"):
+        _core.SuffixTree(0)
+    with pytest.raises(ValueError, match=r"min_token_prob"):
+        _core.SuffixTree(8).speculate([1], 2, 1.0, 0.0, 2.0)
+    with pytest.raises(ValueError, match=r"empty"):
+        _core.SuffixTree(8).remove_oldest()
+    p.finish("x")
+    p.finish("x")  # twice: ignored
