@@ -243,8 +243,9 @@ def test_propose_batches_requests_and_restarts_finished_ids():
     # A new request drafts from the finished response (tokens after its prompt: [8, 9]).
     (d,) = p.propose([DraftRequest("a", [4, 8], 2, 3)])
     assert d.tokens == [9] and d.confidence == [1.0]
-    with pytest.raises(ValueError, match=r"request 'a': context has 3 tokens, expected 2 seen before \+ num_new=2"):
-        p.propose([DraftRequest("a", [4, 8, 9], 2, 3)])
+    # An inconsistent context (3 tokens, but 2 seen + num_new=2) restarts the request instead of failing.
+    (d,) = p.propose([DraftRequest("a", [4, 8, 9], 2, 3)])
+    assert p.stats()["active_requests"] == 2 and p.stats()["cached_requests"] == 2  # "b" is still active
 
 
 def test_low_level_api_and_stats():
@@ -467,3 +468,20 @@ def test_misuse_of_the_low_level_api():
         _core.SuffixTree(8).remove_oldest()
     p.finish("x")
     p.finish("x")  # twice: ignored
+
+
+def test_reused_request_id_with_unrelated_context_starts_over():
+    """An engine that keys requests by batch row reuses ids: the proposer must not fail, and the
+    old request's response goes to the global tree as if it had finished."""
+    from spec_plugins.core import DraftRequest
+    from spec_plugins.proposers.suffix_tree import SuffixTreeProposer
+
+    p = SuffixTreeProposer()
+    first = [1, 2, 3, 4, 1, 2, 3]
+    p.propose([DraftRequest("row-0", first, len(first), max_draft=4)])
+    p.propose([DraftRequest("row-0", first + [4], 1, max_draft=4)])
+    other = [9, 8, 7, 9, 8]  # a new request in the same row: not first + 1 token
+    drafts = p.propose([DraftRequest("row-0", other, 1, max_draft=4)])
+    assert drafts[0].tokens == [7, 9, 8][: len(drafts[0].tokens)] and len(drafts[0].tokens) <= 4
+    stats = p.stats()
+    assert stats["active_requests"] == 1 and stats["cached_requests"] == 1

@@ -77,8 +77,13 @@ class SuffixTreeProposer:
             else:
                 try:
                     tokens, conf, _, _ = core.sync_speculate(key, r.tokens, r.num_new, r.max_draft)
-                except ValueError as exc:
-                    raise ValueError(f"suffix_tree: request {r.req_id!r}: {exc}") from None
+                except ValueError:
+                    # The context is not this request's previous context plus num_new tokens: the
+                    # id now names another request (an engine that reuses batch rows as ids) or the
+                    # request was recomputed. Finish the old one and start over from this context.
+                    self.finish(r.req_id)
+                    key = self._new_key(r.req_id, r.tokens)
+                    tokens, conf, _, _ = core.speculate(key, r.max_draft)
             out.append(Draft(tokens, None, conf))
         return out
 
