@@ -245,7 +245,8 @@ def test_propose_batches_requests_and_restarts_finished_ids():
     assert d.tokens == [9] and d.confidence == [1.0]
     # An inconsistent context (3 tokens, but 2 seen + num_new=2) restarts the request instead of failing.
     (d,) = p.propose([DraftRequest("a", [4, 8, 9], 2, 3)])
-    assert p.stats()["active_requests"] == 2 and p.stats()["cached_requests"] == 2  # "b" is still active
+    # "b" is still active; the replaced "a" had no response beyond its prompt, so nothing new is cached.
+    assert p.stats()["active_requests"] == 2 and p.stats()["cached_requests"] == 1
 
 
 def test_low_level_api_and_stats():
