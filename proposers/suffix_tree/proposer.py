@@ -84,7 +84,7 @@ class SuffixTreeProposer:
                     self.finish(r.req_id)
                     key = self._new_key(r.req_id, r.tokens)
                     tokens, conf, _, _ = core.speculate(key, r.max_draft)
-            out.append(Draft(tokens, None, conf))
+            out.append(Draft(tokens, None, _conditional(conf)))
         return out
 
     def finish(self, req_id: Hashable) -> None:
@@ -132,3 +132,13 @@ class SuffixTreeProposer:
         if key is None:
             raise ValueError(f"suffix_tree: request {req_id!r} is not active (never started, or finished)")
         return key
+
+
+def _conditional(path_probs: list[float]) -> list[float]:
+    """Draft.confidence is per position, given the earlier draft tokens were accepted; the tree
+    gives the probability of the whole path up to each token, so divide by the previous one."""
+    out, prev = [], 1.0
+    for p in path_probs:
+        out.append(p / prev if prev > 0 else 0.0)
+        prev = p
+    return out

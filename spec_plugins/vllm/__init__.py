@@ -4,6 +4,6 @@
 the runner's request ids and finished requests to these proposers (see plugin.py).
 """
 
-from spec_plugins.vllm.proposer import Ngram, SpecPluginsProposer
+from spec_plugins.vllm.proposer import Ngram, SpecPluginsProposer, SuffixTree
 
-__all__ = ["Ngram", "SpecPluginsProposer"]
+__all__ = ["Ngram", "SpecPluginsProposer", "SuffixTree"]

@@ -155,3 +155,9 @@ class Ngram(SpecPluginsProposer):
     """Prompt-lookup n-gram proposer (`proposers/ngram`)."""
 
     fixed_proposer = "ngram"
+
+
+class SuffixTree(SpecPluginsProposer):
+    """Suffix-tree proposer (`proposers/suffix_tree`): per-request and global trees, adaptive length."""
+
+    fixed_proposer = "suffix_tree"

@@ -1,0 +1,237 @@
+"""Replay benchmark: the walk, its statistics, traces and CLI errors (no engine, tiny tokenizer)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from spec_plugins.bench import replay
+from spec_plugins.bench.replay import Row, TextTokenizer, load_workload, walk
+from spec_plugins.core import Draft
+from spec_plugins.proposers.ngram import NgramProposer
+
+K = 4
+TEXTS = [
+    ("def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n",
+     "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):\n    return a * b\n"),
+    ("List the colours: red, green, blue.", "red, green, blue, red, green, blue, and red again."),
+    ("Say hi.", "Hello! Hello! Hello there, hello."),
+    ("Repeat: the cat sat on the mat.", "The cat sat on the mat. The cat sat on the mat."),
+]
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory) -> Path:
+    from spec_plugins.models import build_local_tokenizer
+
+    d = tmp_path_factory.mktemp("tok")
+    build_local_tokenizer(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def workload(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("wl") / "tiny.jsonl"
+    with open(path, "w") as f:
+        for k, (prompt, response) in enumerate(TEXTS):
+            f.write(json.dumps({"id": f"r{k}", "prompt": prompt, "response": response, "chat": k % 2 == 0}) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def rows(tok_dir, workload) -> list[Row]:
+    return load_workload(workload, TextTokenizer(tok_dir))
+
+
+def brute_ngram(ctx: list[int], k: int, lo: int = 2, hi: int = 5) -> list[int]:
+    """Longest n-gram (hi down to lo) ending ctx that occurs earlier; earliest occurrence; next k tokens."""
+    for n in range(min(hi, len(ctx) - 1), lo - 1, -1):
+        tail = ctx[-n:]
+        for s in range(len(ctx) - n):
+            if ctx[s:s + n] == tail:
+                return ctx[s + n:s + n + k]
+    return []
+
+
+def brute_walk(prompt: list[int], response: list[int], k: int) -> list[tuple[int, int, int]]:
+    steps, i = [], 1
+    while i < len(response):
+        draft = brute_ngram(prompt + response[:i], k)
+        a = 0
+        while a < len(draft) and i + a < len(response) and draft[a] == response[i + a]:
+            a += 1
+        steps.append((i, len(draft), a))
+        i += a + 1
+    return steps
+
+
+class Oracle:
+    """Drafts the true continuation: every step accepts everything it can."""
+
+    def __init__(self, truth: dict[str, np.ndarray]) -> None:
+        self.truth = truth
+
+    def propose(self, requests):
+        return [Draft(self.truth[r.req_id][len(r.tokens):len(r.tokens) + r.max_draft].tolist()) for r in requests]
+
+    def finish(self, req_id) -> None:
+        pass
+
+
+class Recorder:
+    """Checks what the walk sends against the protocol: growing context, num_new, finish last."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, list[int]] = {}
+        self.finished: list[str] = []
+
+    def propose(self, requests):
+        for r in requests:
+            assert r.req_id not in self.finished
+            tokens = list(r.tokens)
+            before = self.seen.get(r.req_id)
+            if before is None:
+                assert r.num_new == len(tokens)
+            else:
+                assert tokens[: len(tokens) - r.num_new] == before and r.num_new >= 1
+            self.seen[r.req_id] = tokens
+        return [Draft([0] * r.max_draft, confidence=[0.5] * r.max_draft) for r in requests]
+
+    def finish(self, req_id) -> None:
+        self.finished.append(req_id)
+
+
+def test_hand_computed_walk() -> None:
+    row = Row("x", np.array([5, 6, 7, 8, 5, 6], np.int32), np.array([7, 8, 5, 6, 7, 1, 2], np.int32))
+    w = walk(NgramProposer(), row, max_draft=3)
+    # pos 1: context ..5,6,7 matches the prompt's 5,6,7 -> draft 8,5,6, all right (+ bonus 7);
+    # pos 5: 7,8,5,6,7 matches earlier -> draft 8,5,6, truth is 1: none; pos 6: token 1 never seen.
+    assert list(zip(w.pos, w.drafted, w.accepted)) == [(1, 3, 3), (5, 3, 0), (6, 0, 0)]
+    s = replay.summarize([w], None)
+    assert s["acceptance_length"] == pytest.approx(2.0)
+    assert (s["steps"], s["drafted_tokens"], s["accepted_tokens"]) == (3, 6, 3)
+    assert s["update_us_per_token"] is None
+
+
+def test_ngram_walk_matches_brute_force(rows) -> None:
+    total = 0
+    for row in rows:
+        w = walk(NgramProposer(), row, K)
+        expected = brute_walk(row.prompt.tolist(), row.response.tolist(), K)
+        assert list(zip(w.pos, w.drafted, w.accepted)) == expected
+        total += sum(w.accepted)
+    assert total > 0  # the texts repeat themselves: something must be accepted
+
+
+def test_oracle_accepts_max_draft_except_at_the_end(rows) -> None:
+    oracle = Oracle({r.id: np.concatenate([r.prompt, r.response]) for r in rows})
+    for row in rows:
+        w = walk(oracle, row, K)
+        assert all(a == K for a in w.accepted[:-1])
+        assert w.accepted[-1] == min(K, row.response.size - w.pos[-1])
+        assert w.pos[-1] + w.accepted[-1] + 1 >= row.response.size
+    s = replay.summarize([walk(oracle, r, K) for r in rows], None)
+    assert s["acceptance_rate"] == 1.0  # never wrong; only final steps draft fewer than K
+
+
+def test_walk_follows_the_protocol(rows) -> None:
+    rec = Recorder()
+    for row in rows:
+        w = walk(rec, row, K)
+        assert rec.finished[-1] == row.id and len(rec.seen[row.id]) == row.prompt.size + w.pos[-1]
+    assert rec.finished == [r.id for r in rows]
+
+
+def test_chat_rows_use_the_template(tok_dir) -> None:
+    tok = TextTokenizer(tok_dir)
+    assert len(tok.prompt("hello", chat=True)) > len(tok.prompt("hello", chat=False))
+
+
+def test_cli_json_and_traces(tmp_path, tok_dir, workload, monkeypatch) -> None:
+    from spec_plugins import registry
+
+    registry.available_proposers()  # load entry points first, so the patch below is all that is undone
+    monkeypatch.setitem(registry._proposers, "replay_test_conf", lambda **o: Recorder())
+    out, traces = tmp_path / "out.json", tmp_path / "traces"
+    rc = replay.main(["--workload", str(workload), "--proposers", "ngram,replay_test_conf", "--max-draft", str(K),
+                      "--tokenizer", str(tok_dir), "--json", str(out), "--trace-out", str(traces),
+                      "--options", 'ngram={"max_ngram": 4}', "--no-progress"])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    stats = report["workloads"]["tiny"]["proposers"]["ngram"]
+    for key in ("acceptance_length", "speculate_us_median", "update_us_per_token", "steps", "finish_us_per_token"):
+        assert key in stats
+    assert report["proposers"]["ngram"]["steps"] == stats["steps"]
+    assert report["config"]["options"]["ngram"] == {"min_ngram": 2, "max_ngram": 4}
+
+    for name, has_conf in (("ngram", False), ("replay_test_conf", True)):
+        doc = replay.read_trace(traces / "tiny" / f"{name}.json")
+        assert doc["format"] == replay.TRACE_FORMAT and doc["max_draft"] == K and doc["proposer"] == name
+        assert [r["id"] for r in doc["requests"]] == [f"r{k}" for k in range(len(TEXTS))]
+        steps = 0
+        for req in doc["requests"]:
+            pos = [s["pos"] for s in req["steps"]]
+            assert pos[0] == 1
+            for s, nxt in zip(req["steps"], pos[1:] + [None]):
+                assert set(s) == ({"pos", "drafted", "accepted", "confidence"} if has_conf else {"pos", "drafted", "accepted"})
+                assert 0 <= s["accepted"] <= s["drafted"] <= K
+                if has_conf:
+                    assert len(s["confidence"]) == s["drafted"]
+                if nxt is not None:
+                    assert nxt == s["pos"] + s["accepted"] + 1
+            steps += len(req["steps"])
+        assert steps == report["workloads"]["tiny"]["proposers"][name]["steps"]
+
+
+def test_unknown_proposer_and_bad_options(capsys, workload) -> None:
+    with pytest.raises(ValueError, match=r"unknown name 'sufix'.*ngram"):
+        replay.make_proposer("sufix")
+    assert replay.main(["--workload", str(workload), "--proposers", "ngram,sufix", "--no-progress"]) == 2
+    assert "unknown name 'sufix'" in capsys.readouterr().err
+    assert replay.main(["--workload", str(workload), "--proposers", "ngram",
+                        "--options", 'ngram={"max_ngarm": 3}', "--no-progress"]) == 2
+    assert "max_ngarm" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="NAME=JSON"):
+        replay.parse_options(["ngram"])
+    assert replay.parse_options(['{"a": {"x": 1}}', 'a={"y": 2}']) == {"a": {"x": 1, "y": 2}}
+
+
+def test_labels_run_one_proposer_twice() -> None:
+    assert isinstance(replay.make_proposer("ngram@small", {"max_ngram": 2}), NgramProposer)
+    assert replay.effective_options("ngram@small", {"max_ngram": 2}) == {"min_ngram": 2, "max_ngram": 2}
+
+
+def test_arctic_adapter_on_a_repetitive_sequence(rows) -> None:
+    pytest.importorskip("arctic_inference.suffix_decoding",
+                        reason="arctic-inference not installed (bench extra; builds from source)")
+    from spec_plugins.bench.baselines import ArcticSuffix
+
+    arctic = ArcticSuffix()
+    pattern = [11, 12, 13, 14, 15]
+    row = Row("rep", np.array(pattern * 4, np.int32), np.array(pattern * 6, np.int32))
+    w = walk(arctic, row, K)
+    assert w.drafted[0] > 0 and w.accepted[0] == w.drafted[0]  # the prompt already holds the loop
+    assert replay.summarize([w], None)["acceptance_length"] > 3
+    assert all(c is not None and len(c) == d for c, d in zip(w.confidence, w.drafted))
+    assert arctic.cache.active_requests == set() and "rep" in arctic.cache.cached_requests
+    ns, n = replay.update_ns(ArcticSuffix(), [row], [w])
+    assert n == w.pos[-1] - w.pos[0] and ns > 0  # every chunk the drafting walk fed, after the first
+    assert arctic.propose([replay.DraftRequest("other", pattern * 2, 10, 0)])[0].tokens == []
+
+
+def test_vllm_ngram_matches_ngram(tmp_path, tok_dir, workload) -> None:
+    """vLLM's kernel and ours implement the same rule; run in a child: numba must not load in this process."""
+    pytest.importorskip("vllm", reason="vLLM not installed")
+    out = tmp_path / "out.json"
+    subprocess.run([sys.executable, "-m", "spec_plugins.bench.replay", "--workload", str(workload),
+                    "--proposers", "ngram,vllm_ngram", "--max-draft", str(K), "--tokenizer", str(tok_dir),
+                    "--trace-out", str(tmp_path), "--json", str(out), "--no-progress"],
+                   check=True, capture_output=True, timeout=120)
+    ours = replay.read_trace(tmp_path / "tiny" / "ngram.json")["requests"]
+    theirs = replay.read_trace(tmp_path / "tiny" / "vllm_ngram.json")["requests"]
+    assert ours == theirs
