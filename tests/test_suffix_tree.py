@@ -5,7 +5,12 @@ drafts from those counts: follow the most frequent continuation (ties: most rece
 smaller token id), probability = product of count(child) / count(parent), stop below min_token_prob
 or at the per-match budget floor(factor * match_len + offset); over match lengths keep the highest
 score (sum of probabilities), ties to the longer match; the global tree replaces the per-request
-draft only with a strictly higher score. HYPOTHESIS_PROFILE=slow runs 10^4 cases per property.
+draft only with a strictly higher score.
+
+Copy drafts (on by default) have their own oracle, `RefCopier`: it replays the request's tokens one
+by one, finds the longest earlier-occurring tail by brute force, and follows the rules written in
+suffix_tree.hpp ("copy drafts"); the copy then competes with the count draft, whose score is
+discounted by the copy hazard. HYPOTHESIS_PROFILE=slow runs 10^4 cases per property.
 """
 
 from __future__ import annotations
@@ -77,13 +82,117 @@ class Table:
         return best
 
 
-def oracle_draft(local: list[int], cached: list[tuple[int, list[int]]], depth, max_tokens, spec, tie):
+def repeat_info(x, n: int, depth: int):
+    """The longest tail of x[:n] (<= depth) that also occurs earlier (ending before n - 1):
+    (length, position after its most recent occurrence, position after its oldest); (0, None, None)."""
+    x = np.asarray(x)
+    ends = np.flatnonzero(x[: n - 1] == x[n - 1]) if n > 1 else np.zeros(0, dtype=np.int64)
+    if ends.size == 0:
+        return 0, None, None
+    L = 1
+    while L < depth:
+        e = ends[ends >= L]
+        e = e[x[e - L] == x[n - 1 - L]]
+        if e.size == 0:
+            break
+        ends, L = e, L + 1
+    return L, int(ends.max()) + 1, int(ends.min()) + 1
+
+
+COPY_DEFAULTS = dict(
+    min_prob=0.05, window=16, near_len=8, anchor_run=3, oldest_from=2, near_bonus=2.0, hazard_c=1.3, hazard_d=0.8
+)
+
+
+class RefCopier:
+    """Copy-draft state of one request, replayed token by token (suffix_tree.hpp, `Copier`)."""
+
+    def __init__(self, x, depth: int, cp: dict) -> None:
+        self.cp, self.depth = cp, depth
+        self.src, self.len, self.run, self.anchor, self.near = None, 0, 0, None, False
+        self.x: list[int] = []
+        self.feed(x)
+
+    def feed(self, tokens) -> None:
+        for t in tokens:
+            self.x.append(int(t))
+            self.step(len(self.x))
+
+    def step(self, n: int) -> None:  # x[:n] is the sequence, x[n - 1] just arrived
+        x, cp = self.x, self.cp
+        if self.src is not None and x[self.src] == x[n - 1]:
+            self.src, self.len, self.run = self.src + 1, self.len + 1, self.run + 1
+            return
+        if self.src is not None and self.run >= cp["anchor_run"]:
+            self.anchor = self.src
+        self.run = 0
+        L, recent, oldest = repeat_info(x, n, self.depth)
+        self.near, self.len = False, L
+        if L == 0:
+            self.src = None
+            return
+        if L <= cp["near_len"]:
+            if self.anchor is not None:
+                best = (0, None)
+                for p in range(max(self.anchor, 1), min(self.anchor + cp["window"], n)):
+                    l = 0
+                    while l < L and l < p and x[p - 1 - l] == x[n - 1 - l]:
+                        l += 1
+                    if l > best[0]:
+                        best = (l, p)
+                if best[0]:
+                    self.src, self.len, self.near = best[1], best[0], True
+                    return
+            if cp["oldest_from"] and L >= cp["oldest_from"]:
+                self.src = oldest
+                return
+        self.src = recent
+
+    def hazard(self, m: float) -> float:
+        h = 1.0 - self.cp["hazard_c"] / (m + self.cp["hazard_d"])
+        return h if h > 0.0 else 0.0
+
+    def draft(self, max_tokens: int):
+        if self.src is None:
+            return [], [], 0.0, 0
+        x, n = self.x, len(self.x)
+        m = self.len + (self.cp["near_bonus"] if self.near else 0.0)
+        toks, probs, p, s = [], [], 1.0, 0.0
+        for k in range(min(max_tokens, n)):
+            p *= self.hazard(m + k)
+            if p < self.cp["min_prob"]:
+                break
+            pos = self.src + k
+            toks.append(x[pos] if pos < n else toks[pos - n])
+            probs.append(p)
+            s += p
+        return toks, probs, s, self.len if toks else 0
+
+
+def oracle_draft(local: list[int], cached: list[tuple[int, list[int]]], depth, max_tokens, spec, tie, copy=None):
     factor, offset, min_prob = spec
-    mine = Table([(0, local)], depth).draft(local, max_tokens, factor, offset, min_prob, tie)
-    if not cached:
-        return mine
-    other = Table(cached, depth).draft(local, max_tokens, factor, offset, min_prob, tie)
-    return other if other[2] > mine[2] else mine
+    best = Table([(0, local)], depth).draft(local, max_tokens, factor, offset, min_prob, tie)
+    if cached:
+        other = Table(cached, depth).draft(local, max_tokens, factor, offset, min_prob, tie)
+        best = other if other[2] > best[2] else best
+    return best if copy is None else with_copy(best, RefCopier(local, depth, copy), max_tokens)
+
+
+def with_copy(best, copier: RefCopier, max_tokens: int):
+    """The count draft `best` against the copy draft: the count score is discounted by the copy
+    hazard of its match length, and the copy wins ties."""
+    score = 0.0
+    for k, p in enumerate(best[1]):
+        score += p * copier.hazard(best[3] + k)
+    mine = copier.draft(max_tokens)
+    return mine if mine[0] and mine[2] >= score else (best[0], best[1], score, best[3])
+
+
+def core_copy_args(cp: dict | None) -> dict:
+    """SuffixCache keyword arguments for copy parameters (None: copy drafts off)."""
+    if cp is None:
+        return {"copy": False}
+    return {"copy": True, **{f"copy_{k}": v for k, v in cp.items()}}
 
 
 def same(got, want):
@@ -94,6 +203,22 @@ def same(got, want):
 
 # ---- strategies ---------------------------------------------------------------------------------
 tokens = st.lists(st.integers(0, 3), max_size=24)
+copy_params = st.one_of(
+    st.none(),
+    st.just(COPY_DEFAULTS),
+    st.fixed_dictionaries(
+        {
+            "min_prob": st.sampled_from([0.0, 0.05, 0.3]),
+            "window": st.integers(0, 6),
+            "near_len": st.integers(0, 4),
+            "anchor_run": st.integers(0, 3),
+            "oldest_from": st.integers(0, 3),
+            "near_bonus": st.sampled_from([0.0, 2.0]),
+            "hazard_c": st.sampled_from([0.0, 1.3, 3.0]),
+            "hazard_d": st.sampled_from([0.0, 0.8]),
+        }
+    ),
+)
 spec_params = st.tuples(
     st.sampled_from([0.0, 0.5, 1.0, 1.7, 3.0]),
     st.sampled_from([-2.0, 0.0, 0.5, 2.0]),
@@ -121,16 +246,21 @@ def test_tree_matches_oracle(depth, tie, ops, queries):
     live: list[list] = []  # [handle, order, tokens], oldest first
     order = 0
     for kind, idx, toks in ops:
+        touched = None
         if kind == "add":
             live.append([tree.add(toks), order, list(toks)])
             order += 1
+            touched = live[-1]
         elif kind == "extend" and live:
             entry = live[idx % len(live)]
             tree.extend(entry[0], toks)
             entry[2] += toks
+            touched = entry
         elif kind == "evict" and live:
             assert tree.remove_oldest() == live.pop(0)[0]
         tree._check()
+        if touched is not None:
+            check_repeat(tree, live, touched, depth, exact_oldest=len(live) == 1 and order == 1)
     seqs = [(o, x) for _, o, x in live]
     table = Table(seqs, depth)
     assert tree.num_seqs == len(live)
@@ -144,6 +274,35 @@ def test_tree_matches_oracle(depth, tie, ops, queries):
             same(got, want)
 
 
+def check_repeat(tree, live, entry, depth, exact_oldest):
+    """The tree's longest earlier-occurring tail of `entry` (as of its last append) by brute force
+    over all live sequences; the oldest occurrence is exact in a tree that only ever held one sequence."""
+    handle, order, x = entry
+    got = tree._repeat(handle)
+    if not x:
+        assert got[0] == 0
+        return
+    n = len(x)
+    occ = []  # (order, start) of other occurrences of the longest tail
+    for L in range(min(depth, n), 0, -1):
+        tail = x[n - L :]
+        occ = [
+            (o, s, h)
+            for h, o, y in live
+            for s in range(len(y) - L + 1)
+            if y[s : s + L] == tail and not (h == handle and s == n - L)
+        ]
+        if occ:
+            break
+    if not occ:
+        assert got[0] == 0
+        return
+    o, s, h = max(occ)
+    assert got[:3] == (L, h, s + L)
+    if exact_oldest:
+        assert got[3] == min(occ)[1] + L
+
+
 # ---- requests: per-request tree + global FIFO cache ---------------------------------------------
 @SETTINGS
 @given(
@@ -152,15 +311,16 @@ def test_tree_matches_oracle(depth, tie, ops, queries):
     in_flight=st.booleans(),
     tie=st.sampled_from(["recent", "token"]),
     spec=spec_params,
+    copy=copy_params,
     ops=st.lists(
         st.tuples(st.sampled_from(["start", "append", "append", "finish"]), st.integers(0, 3), tokens),
         max_size=14,
     ),
     max_tokens=st.integers(0, 8),
 )
-def test_cache_matches_oracle(depth, max_cached, in_flight, tie, spec, ops, max_tokens):
+def test_cache_matches_oracle(depth, max_cached, in_flight, tie, spec, copy, ops, max_tokens):
     factor, offset, min_prob = spec
-    core = _core.SuffixCache(depth, max_cached, in_flight, tie, factor, offset, min_prob)
+    core = _core.SuffixCache(depth, max_cached, in_flight, tie, factor, offset, min_prob, **core_copy_args(copy))
     active: dict[int, dict] = {}  # key -> {"tokens", "prompt", "slot"}
     cached: list[dict] = []  # global sequences, oldest first: {"order", "tokens", "owner"}
     order = 0
@@ -200,9 +360,14 @@ def test_cache_matches_oracle(depth, max_cached, in_flight, tie, spec, ops, max_
         assert core.num_cached == len(cached) and core.num_active == len(active)
         for k, req in active.items():
             want = oracle_draft(
-                req["tokens"], [(c["order"], c["tokens"]) for c in cached], depth, max_tokens, spec, tie
+                req["tokens"], [(c["order"], c["tokens"]) for c in cached], depth, max_tokens, spec, tie, copy
             )
             same(core.speculate(k, max_tokens), want)
+            if copy is not None:
+                ref = RefCopier(req["tokens"], depth, copy)
+                assert core._copy_state(k) == (
+                    -1 if ref.src is None else ref.src, ref.len, -1 if ref.anchor is None else ref.anchor, ref.near
+                )
 
 
 # ---- the Proposer protocol ----------------------------------------------------------------------
@@ -224,7 +389,7 @@ def test_propose_follows_the_request_lifecycle(prompt, steps, as_array):
         req = DraftRequest("r", seen, num_new=len(ctx) if i == 0 else len(new), max_draft=cap)
         (draft,) = p.propose([req])
         check_drafts([req], [draft])
-        want = oracle_draft(ctx, [(0, [0, 1, 2])], 8, cap, (1.0, 0.0, 0.1), "recent")
+        want = oracle_draft(ctx, [(0, [0, 1, 2])], 8, cap, (1.0, 0.0, 0.1), "recent", COPY_DEFAULTS)
         # Draft.confidence is conditional per position: the oracle's path probabilities, divided stepwise.
         assert draft.tokens == want[0] and draft.confidence == _conditional(want[1]) and draft.probs is None
     p.finish("r")
@@ -233,7 +398,7 @@ def test_propose_follows_the_request_lifecycle(prompt, steps, as_array):
 
 
 def test_propose_batches_requests_and_restarts_finished_ids():
-    p = create_proposer("suffix_tree", {"max_depth": 16})
+    p = create_proposer("suffix_tree", {"max_depth": 16, "copy_drafts": False})  # count drafts only
     a = [5, 6, 7, 8, 5, 6, 7]
     b = [1, 2, 3, 1, 2]
     drafts = p.propose([DraftRequest("a", a, len(a), 3), DraftRequest("b", b, len(b), 0)])
@@ -254,7 +419,7 @@ def test_propose_batches_requests_and_restarts_finished_ids():
 
 
 def test_low_level_api_and_stats():
-    p = SuffixTreeProposer(max_depth=32, max_cached_requests=1)
+    p = SuffixTreeProposer(max_depth=32, max_cached_requests=1, copy_drafts=False)
     p.start(1, [10, 11, 12, 13])
     p.append(1, [10, 11])
     assert p.speculate(1, 5) == ([12, 13], [0.5, 0.5], 1.0, 2)
@@ -346,7 +511,9 @@ def long_text(n: int, seed: int) -> np.ndarray:
 
 def test_very_long_context_matches_oracle():
     x = long_text(120_000, seed=1)
-    p = SuffixTreeProposer(max_depth=64, max_cached_requests=4, max_spec_factor=2.0, min_token_prob=0.05)
+    p = SuffixTreeProposer(
+        max_depth=64, max_cached_requests=4, max_spec_factor=2.0, min_token_prob=0.05, copy_drafts=False
+    )
     p.start("long", x[:60_000])
     for a in range(60_000, 120_000, 7_500):
         p.append("long", x[a : a + 7_500])
@@ -364,6 +531,54 @@ def test_very_long_context_matches_oracle():
     same(got, want_global if want_global[2] > want_local[2] else want_local)
     assert got[3] >= 40  # the whole tail matched
     assert p.stats()["nodes"] <= 2 * (60_000 + len(ctx)) + 2
+
+
+def test_copy_drafts_on_a_long_edited_context_match_the_oracle():
+    x = long_text(3_000, seed=2)
+    p = SuffixTreeProposer(max_depth=64, max_cached_requests=0)  # copy drafts on (the default)
+    ref = RefCopier(x[:1_000], 64, COPY_DEFAULTS)
+    p.start("r", x[:1_000])
+    kinds = set()
+    for a in range(1_000, 3_000, 97):
+        p.append("r", x[a : a + 97])
+        ref.feed(x[a : a + 97])
+        n = min(a + 97, 3_000)
+        tree = positions_draft(x[:n], x[:n], 64, 16, 1.0, 0.0, 0.1)
+        same(p.speculate("r", 16), with_copy(tree, ref, 16))
+        kinds.add((ref.src is not None, ref.near))
+    assert kinds >= {(True, False), (True, True)}  # both ways of choosing the source were exercised
+
+
+def test_copy_drafts_resume_after_an_edit_and_repeat_loops():
+    # A loop: the copy continues past the end of the context by repeating itself.
+    p = SuffixTreeProposer(max_depth=16, copy_drafts=True)
+    p.start("loop", [1, 2, 3, 1, 2, 3, 1, 2])
+    toks, probs, score, match_len = p.speculate("loop", 16)
+    assert toks == [3, 1, 2, 3, 1, 2, 3, 1] and match_len == 5  # never longer than the context (8)
+    assert probs == sorted(probs, reverse=True) and score == sum(probs)
+    # An edit: a rewrite of 0..39 replaces 20 by 99. The prompt also has "21, 7, 7, 7" at its end, so
+    # the most recent "21" continues with 7; the copy resumes after the edit point instead.
+    prompt = list(range(40)) + [21, 7, 7, 7]
+    resumed = []
+    for window in (16, 0):
+        p = SuffixTreeProposer(copy_window=window, max_cached_requests=0)
+        p.start("edit", prompt + list(range(20)))
+        assert p.speculate("edit", 4)[0] == [20, 21, 22, 23]  # copying
+        p.append("edit", [99, 21])  # the target wrote 99 instead of 20, then went on with 21
+        resumed.append(p.speculate("edit", 4)[0])
+    assert resumed == [[22, 23, 24, 25], [7, 7, 7, 0]]
+
+
+def test_copy_drafts_off_is_the_count_model():
+    rng = random.Random(3)
+    x = [rng.randrange(5) for _ in range(60)]
+    on, off = SuffixTreeProposer(max_depth=12), SuffixTreeProposer(max_depth=12, copy_drafts=False)
+    for q in (on, off):
+        q.start("a", x[:30])
+        q.append("a", x[30:])
+    want = oracle_draft(x, [], 12, 6, (1.0, 0.0, 0.1), "recent")
+    same(off.speculate("a", 6), want)
+    same(on.speculate("a", 6), oracle_draft(x, [], 12, 6, (1.0, 0.0, 0.1), "recent", COPY_DEFAULTS))
 
 
 # ---- bounded memory -----------------------------------------------------------------------------
@@ -385,7 +600,7 @@ def test_memory_stays_bounded_over_100k_requests():
         assert cached == max_cached
         # at most 2 nodes per stored suffix, plus the root
         assert nodes <= 2 * max_cached * max_len + 1
-        # per stored token: 2 nodes (36 B) and 2 child-map slots (16 B at load >= 1/4), tokens and
+        # per stored token: 2 nodes (40 B) and 2 child-map slots (16 B at load >= 1/4), tokens and
         # endpoints (8 B), doubled for vector growth -> < 400 B
         assert mem <= 400 * max_cached * max_len + 64 * 1024
     assert p.stats()["active_requests"] == 0
@@ -405,6 +620,10 @@ def test_memory_stays_bounded_over_100k_requests():
         ({"max_spec_offset": float("inf")}, "max_spec_offset"),
         ({"min_token_prob": 1.5}, "min_token_prob"),
         ({"tie_break": "oldest"}, "tie_break"),
+        ({"copy_drafts": "yes"}, "copy_drafts"),
+        ({"copy_min_prob": 1.5}, "copy_min_prob"),
+        ({"copy_window": -1}, "copy_window"),
+        ({"copy_hazard_c": float("nan")}, "copy_hazard_c"),
         ({"max_ngram": 3}, "max_ngram"),
     ],
 )
@@ -487,6 +706,6 @@ def test_reused_request_id_with_unrelated_context_starts_over():
     p.propose([DraftRequest("row-0", first + [4], 1, max_draft=4)])
     other = [9, 8, 7, 9, 8]  # a new request in the same row: not first + 1 token
     drafts = p.propose([DraftRequest("row-0", other, 1, max_draft=4)])
-    assert drafts[0].tokens == [7, 9, 8][: len(drafts[0].tokens)] and len(drafts[0].tokens) <= 4
+    assert drafts[0].tokens == [7, 9, 8, 7][: len(drafts[0].tokens)] and len(drafts[0].tokens) <= 4
     stats = p.stats()
     assert stats["active_requests"] == 1 and stats["cached_requests"] == 1

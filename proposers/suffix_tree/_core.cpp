@@ -149,6 +149,11 @@ class PyTree {
     read_tokens(pattern, buf_, "pattern");
     return tree_.count(buf_.data(), i32(buf_.size()));
   }
+  py::tuple repeat(int s) {  // (length, next position of the most recent and of the oldest occurrence)
+    if (s < 0 || !alive(s)) throw py::value_error("repeat: no such sequence");
+    const Seq& S = tree_.seq(s);
+    return py::make_tuple(S.rep_len, S.rep_seq, S.rep_next, S.rep_first);
+  }
   py::tuple speculate(py::handle context, long long max_tokens, double factor, double offset, double min_prob) {
     read_tokens(context, buf_, "context");
     const SpecParams sp = check_params(factor, offset, min_prob);
@@ -163,11 +168,35 @@ class PyTree {
   std::vector<i32> buf_;
 };
 
+CopyParams check_copy(bool on, double min_prob, long long window, long long near_len, long long anchor_run,
+                      long long oldest_from, double near_bonus, double hazard_c, double hazard_d) {
+  if (!(min_prob >= 0 && min_prob <= 1)) throw py::value_error("copy_min_prob: expected a value in [0, 1]");
+  auto count = [](const char* what, long long v) {
+    if (v < 0 || v > 1000000) throw py::value_error(std::string(what) + ": expected an integer in [0, 10**6]");
+    return i32(v);
+  };
+  auto finite = [](const char* what, double v) {
+    if (!std::isfinite(v) || v < 0) throw py::value_error(std::string(what) + ": expected a finite value >= 0");
+    return v;
+  };
+  CopyParams cp;
+  cp.on = on;
+  cp.min_prob = min_prob;
+  cp.window = count("copy_window", window);
+  cp.near_len = count("copy_near_len", near_len);
+  cp.anchor_run = count("copy_anchor_run", anchor_run);
+  cp.oldest_from = count("copy_oldest_from", oldest_from);
+  cp.near_bonus = finite("copy_near_bonus", near_bonus);
+  cp.hazard_c = finite("copy_hazard_c", hazard_c);
+  cp.hazard_d = finite("copy_hazard_d", hazard_d);
+  return cp;
+}
+
 class PyCache {
  public:
   PyCache(long long max_depth, long long max_cached, bool cache_active, const std::string& tie, double factor,
-          double offset, double min_prob)
-      : cache_(make_options(max_depth, max_cached, cache_active, tie, factor, offset, min_prob)) {}
+          double offset, double min_prob, const CopyParams& copy)
+      : cache_(make_options(max_depth, max_cached, cache_active, tie, factor, offset, min_prob, copy)) {}
 
   void start(long long key, py::handle prompt) {
     if (cache_.has(key)) throw py::value_error("start: request " + std::to_string(key) + " is already started");
@@ -210,6 +239,11 @@ class PyCache {
     read_tokens(pattern, buf_, "pattern");
     return cache_.local(key).count(buf_.data(), i32(buf_.size()));
   }
+  py::tuple copy_state(long long key) {
+    require(key, "copy_state");
+    const Copier& c = cache_.copier(key);
+    return py::make_tuple(c.src(), c.len(), c.anchor(), c.near());
+  }
   long long global_count(py::handle pattern) {
     read_tokens(pattern, buf_, "pattern");
     return cache_.global().count(buf_.data(), i32(buf_.size()));
@@ -218,7 +252,8 @@ class PyCache {
 
  private:
   static CacheOptions make_options(long long max_depth, long long max_cached, bool cache_active,
-                                   const std::string& tie, double factor, double offset, double min_prob) {
+                                   const std::string& tie, double factor, double offset, double min_prob,
+                                   const CopyParams& copy) {
     if (max_cached < 0 || max_cached > 0x7fffffffLL)
       throw py::value_error("max_cached_requests: expected an integer in [0, 2**31), got " + std::to_string(max_cached));
     CacheOptions o;
@@ -227,6 +262,7 @@ class PyCache {
     o.cache_active = cache_active;
     o.tie = parse_tie(tie);
     o.spec = check_params(factor, offset, min_prob);
+    o.copy = copy;
     return o;
   }
   void require(long long key, const char* what) {
@@ -254,13 +290,28 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("num_seqs", [](PyTree& t) { return t.tree_.num_seqs(); })
       .def_property_readonly("num_nodes", [](PyTree& t) { return t.tree_.num_nodes(); })
       .def_property_readonly("memory_bytes", [](PyTree& t) { return t.tree_.memory_bytes(); })
+      .def("_repeat", &PyTree::repeat, py::arg("seq"),
+           "(length, seq, next, first) of the longest tail that occurred before, as of the last append")
       .def("_check", [](PyTree& t) { t.tree_.validate(); });
 
+  const CopyParams dc;  // defaults
   py::class_<PyCache>(m, "SuffixCache")
-      .def(py::init<long long, long long, bool, const std::string&, double, double, double>(),
-           py::arg("max_depth") = 64, py::arg("max_cached_requests") = 10000, py::arg("cache_in_flight") = false,
+      .def(py::init([](long long max_depth, long long max_cached, bool cache_active, const std::string& tie,
+                       double factor, double offset, double min_prob, bool copy, double copy_min_prob,
+                       long long copy_window, long long copy_near_len, long long copy_anchor_run,
+                       long long copy_oldest_from, double copy_near_bonus, double copy_hazard_c,
+                       double copy_hazard_d) {
+             return new PyCache(max_depth, max_cached, cache_active, tie, factor, offset, min_prob,
+                                check_copy(copy, copy_min_prob, copy_window, copy_near_len, copy_anchor_run,
+                                           copy_oldest_from, copy_near_bonus, copy_hazard_c, copy_hazard_d));
+           }),
+           py::arg("max_depth") = 24, py::arg("max_cached_requests") = 10000, py::arg("cache_in_flight") = false,
            py::arg("tie_break") = "recent", py::arg("max_spec_factor") = 1.0, py::arg("max_spec_offset") = 0.0,
-           py::arg("min_token_prob") = 0.1)
+           py::arg("min_token_prob") = 0.1, py::arg("copy") = dc.on, py::arg("copy_min_prob") = dc.min_prob,
+           py::arg("copy_window") = dc.window, py::arg("copy_near_len") = dc.near_len,
+           py::arg("copy_anchor_run") = dc.anchor_run, py::arg("copy_oldest_from") = dc.oldest_from,
+           py::arg("copy_near_bonus") = dc.near_bonus, py::arg("copy_hazard_c") = dc.hazard_c,
+           py::arg("copy_hazard_d") = dc.hazard_d)
       .def("start", &PyCache::start, py::arg("key"), py::arg("prompt"))
       .def("append", &PyCache::append, py::arg("key"), py::arg("tokens"))
       .def("sync_speculate", &PyCache::sync_speculate, py::arg("key"), py::arg("tokens"), py::arg("num_new"),
@@ -270,6 +321,7 @@ PYBIND11_MODULE(_core, m) {
       .def("length", &PyCache::length, py::arg("key"))
       .def("local_count", &PyCache::local_count, py::arg("key"), py::arg("pattern"))
       .def("global_count", &PyCache::global_count, py::arg("pattern"))
+      .def("_copy_state", &PyCache::copy_state, py::arg("key"), "(source, match length, anchor, near) of the copier")
       .def_property_readonly("num_active", [](PyCache& c) { return c.cache_.num_active(); })
       .def_property_readonly("num_cached", [](PyCache& c) { return c.cache_.num_cached(); })
       .def_property_readonly("num_nodes", [](PyCache& c) { return c.cache_.num_nodes(); })

@@ -7,6 +7,13 @@ probability (product of child count / parent count), and the draft with the high
 probabilities (expected accepted tokens) over match lengths and both trees wins. The per-match
 budget is floor(max_spec_factor * match_len + max_spec_offset), capped by the engine's cap.
 
+Copy drafts (``copy_drafts``, on by default) add a second kind of candidate: continue the request's
+own text from an earlier occurrence of its tail -- near where a copy last broke off (an edit), else
+the oldest (short tails) or most recent (long tails) occurrence -- with a per-token probability
+calibrated on match length, h(m) = 1 - c / (m + d). The count draft's score is discounted by the
+same h before the two compare, and the copy wins ties. This is what lifts code edits and looping
+answers (benchmarks/suffix_tree_results.md); ``copy_min_prob`` trades draft length for acceptance.
+
 All the work is in `_core` (suffix_tree.hpp); this class maps request ids and checks the context.
 """
 
@@ -32,7 +39,10 @@ class SuffixTreeProposer:
 
     class Options(pydantic.BaseModel):
         model_config = pydantic.ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-        max_depth: int = pydantic.Field(default=64, ge=1, le=4096, description="longest match + draft, in tokens")
+        # 24, as vLLM's `suffix` method: with copy drafts, depth 64 drafts no better and costs twice as much.
+        max_depth: int = pydantic.Field(
+            default=24, ge=1, le=4096, description="longest match + count draft, in tokens (copies: match only)"
+        )
         max_cached_requests: int = pydantic.Field(
             default=10000, ge=0, le=2**31 - 1, description="finished responses kept (FIFO); 0: no global tree"
         )
@@ -45,6 +55,30 @@ class SuffixTreeProposer:
         tie_break: Literal["recent", "token"] = pydantic.Field(
             default="recent", description="equal counts: most recent occurrence, or smaller token id"
         )
+        # Copy drafts (suffix_tree.hpp, "copy drafts"): continue the request's own text from an
+        # earlier occurrence of its tail; they compete with the count drafts on expected accepted tokens.
+        copy_drafts: bool = pydantic.Field(default=True, description="also draft by copying the request's own text")
+        copy_min_prob: float = pydantic.Field(
+            default=0.05, ge=0.0, le=1.0, description="copy drafts stop below this path probability"
+        )
+        copy_window: int = pydantic.Field(
+            default=16, ge=0, le=10**6, description="after an edit, look this far past the old position"
+        )
+        copy_near_len: int = pydantic.Field(
+            default=8, ge=0, le=10**6, description="tails up to this long prefer the old position / oldest copy"
+        )
+        copy_anchor_run: int = pydantic.Field(
+            default=3, ge=0, le=10**6, description="a copy this long that breaks off marks the old position"
+        )
+        copy_oldest_from: int = pydantic.Field(
+            default=2, ge=0, le=10**6, description="short tails this long copy their oldest occurrence (0: never)"
+        )
+        copy_near_bonus: float = pydantic.Field(
+            default=2.0, ge=0.0, le=1e6, description="a copy near the old position counts as this many more matches"
+        )
+        # Per-token reliability of a copy after m matched tokens: 1 - c / (m + d), fitted on the replays.
+        copy_hazard_c: float = pydantic.Field(default=1.3, ge=0.0, le=1e6)
+        copy_hazard_d: float = pydantic.Field(default=0.8, ge=0.0, le=1e6)
 
     def __init__(self, **options: Any) -> None:
         try:
@@ -62,6 +96,15 @@ class SuffixTreeProposer:
             max_spec_factor=o.max_spec_factor,
             max_spec_offset=o.max_spec_offset,
             min_token_prob=o.min_token_prob,
+            copy=o.copy_drafts,
+            copy_min_prob=o.copy_min_prob,
+            copy_window=o.copy_window,
+            copy_near_len=o.copy_near_len,
+            copy_anchor_run=o.copy_anchor_run,
+            copy_oldest_from=o.copy_oldest_from,
+            copy_near_bonus=o.copy_near_bonus,
+            copy_hazard_c=o.copy_hazard_c,
+            copy_hazard_d=o.copy_hazard_d,
         )
         self._keys: dict[Hashable, int] = {}
         self._next_key = 0
