@@ -6,17 +6,11 @@ Each engine runs in a fresh process (spec_plugins.bench.vllm_run), as in the ben
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 
 import pytest
 
 from spec_plugins.bench.prompts import code_rewrites, spec_bench
+from spec_plugins.bench.serve import VllmServer
 from spec_plugins.bench.vllm_run import EngineRun, run
 from spec_plugins.demo import custom_class_config
 
@@ -84,59 +78,16 @@ def test_unknown_proposer_fails_with_field_name(tiny_llama):
         run(bad)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _post(url: str, body: dict) -> dict:
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as resp:
-        return json.loads(resp.read())
-
-
 @pytest.mark.parametrize("proposer", PROPOSERS)
 def test_vllm_serve_answers_like_offline_engine(tiny_llama, tmp_path, proposer):
     spec, extra = custom_class_config(proposer, K)
-    port = _free_port()
-    log = open(tmp_path / "serve.log", "w")
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
-    # `vllm` is the console script; the CPU setup gives it the metadata it needs.
-    vllm_cli = os.path.join(os.path.dirname(sys.executable), "vllm")
-    proc = subprocess.Popen(
-        [vllm_cli, "serve", tiny_llama, "--host", "127.0.0.1", "--port", str(port),
-         "--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--seed", "0",
-         "--speculative-config", json.dumps(spec), "--additional-config", json.dumps(extra)],
-        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-3000:]
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "vllm serve did not become healthy in 300 s"
-            time.sleep(2)
-        prompt = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n"
-        served = _post(
-            f"http://127.0.0.1:{port}/v1/completions",
-            {"model": tiny_llama, "prompt": prompt, "max_tokens": 32, "temperature": 0},
-        )["choices"][0]["text"]
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-            metrics = r.read().decode()
-        assert "vllm:spec_decode_num_drafts" in metrics
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)  # stop the server and its engine process by PID
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
+    args = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--seed", "0",
+            "--speculative-config", json.dumps(spec), "--additional-config", json.dumps(extra)]
+    prompt = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n"
+    with VllmServer(tiny_llama, args, tmp_path / "serve.log", env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}) as server:
+        served = server.post("/v1/completions", {"model": tiny_llama, "prompt": prompt, "max_tokens": 32,
+                                                 "temperature": 0})["choices"][0]["text"]
+        assert "vllm:spec_decode_num_drafts" in server.get("/metrics")
+    assert server.proc.poll() is not None  # stopped by its PID
     offline = run(_spec_run(tiny_llama, [prompt], proposer, max_tokens=32, max_model_len=512))
     assert served == offline.texts[0]

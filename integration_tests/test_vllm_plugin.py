@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from spec_plugins.bench.serve import VllmServer
 from spec_plugins.bench.vllm_run import CPU_ENV_DEFAULTS
 from spec_plugins.demo import custom_class_config
 
@@ -142,53 +139,29 @@ def test_in_process_ids_reach_proposer_and_finished_requests_are_freed(tiny_llam
     assert {e["why"] for e in finishes} == {"finished"}
 
 
-def _post(url: str, body: dict) -> dict:
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=300) as resp:
-            return json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        raise AssertionError(f"{url}: HTTP {exc.code}: {exc.read()[:500]!r}") from None
-
-
 def test_vllm_serve_ids_reach_the_worker_and_drained_requests_are_bounded(tiny_llama, baseline, tmp_path):
     spec, extra = custom_class_config("ngram", K)
     trace = tmp_path / "trace.jsonl"
-    port = _free_port()
-    log = open(tmp_path / "serve.log", "w")
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1", "SPEC_PLUGINS_TRACE_FILE": str(trace)}
-    env.pop("SPEC_PLUGINS_VLLM_PLUGIN", None)
-    proc = subprocess.Popen(
-        [os.path.join(os.path.dirname(sys.executable), "vllm"), "serve", tiny_llama, "--host", "127.0.0.1",
-         "--port", str(port), "--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--seed", "0",
-         "--max-num-seqs", str(MAX_NUM_SEQS),
-         "--speculative-config", json.dumps(spec), "--additional-config", json.dumps(extra)],
-        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(proc, url, tmp_path / "serve.log")
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "SPEC_PLUGINS_TRACE_FILE": str(trace),
+           "SPEC_PLUGINS_VLLM_PLUGIN": "1"}
+    args = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--seed", "0",
+            "--max-num-seqs", str(MAX_NUM_SEQS),
+            "--speculative-config", json.dumps(spec), "--additional-config", json.dumps(extra)]
+    with VllmServer(tiny_llama, args, tmp_path / "serve.log", env=env) as server:
 
         def complete(i: int) -> str:
             body = {"model": tiny_llama, "prompt": PROMPTS[i], "max_tokens": MAX_TOKENS[i], "temperature": 0,
                     "ignore_eos": True}
-            return _post(f"{url}/v1/completions", body)["choices"][0]["text"]
+            return server.post("/v1/completions", body)["choices"][0]["text"]
 
         with ThreadPoolExecutor(len(PROMPTS)) as pool:
             served = list(pool.map(complete, range(len(PROMPTS))))
         # The batch drained: the empty step that carries the last finishes never reaches propose().
         # A later request runs more than stale_steps steps (100 tokens, at most K+1 per step), and
         # the adapter frees the drained requests itself.
-        _post(f"{url}/v1/completions", {"model": tiny_llama, "prompt": [7, 300, 12, 450], "max_tokens": 100,
+        server.post("/v1/completions", {"model": tiny_llama, "prompt": [7, 300, 12, 450], "max_tokens": 100,
                                         "temperature": 0, "ignore_eos": True})
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
+    proc = server.proc
     assert served == baseline["texts"]  # lossless through the server too
 
     steps, finishes = _read_trace(trace)
@@ -200,28 +173,6 @@ def test_vllm_serve_ids_reach_the_worker_and_drained_requests_are_bounded(tiny_l
     why = {e["finish"]: e["why"] for e in finishes}
     assert set(why) == ids  # all seven freed; the follow-up request is still in its (drained) batch
     assert "finished" in why.values() and "stale" in why.values()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(proc: subprocess.Popen, url: str, log: Path) -> None:
-    deadline = time.monotonic() + 300
-    while True:
-        assert proc.poll() is None, log.read_text()[-3000:]
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        assert time.monotonic() < deadline, "vllm serve did not become healthy in 300 s"
-        time.sleep(2)
 
 
 if __name__ == "__main__":

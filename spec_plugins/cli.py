@@ -39,13 +39,19 @@ def _cmd_demo(args: argparse.Namespace) -> None:
 
     for method in native:
         native_config(method, args.k)
+    prompts = None
+    if args.workload:
+        from spec_plugins.bench.prompts import workload_prompts
+
+        prompts = workload_prompts(args.workload, args.limit)
     model = args.model
     if model is None:
         from spec_plugins.models import smollm2_path
 
         model = str(smollm2_path())
     rows = run_demo(model, proposers, k=args.k, max_tokens=args.max_tokens,
-                    spec_bench_path=args.spec_bench, dtype=args.dtype, repeats=args.repeats, native=native)
+                    spec_bench_path=args.spec_bench, dtype=args.dtype, repeats=args.repeats, native=native,
+                    prompts=prompts)
     print_rows(rows, Console(), title=f"vLLM, {Path(model).name}, greedy, K={args.k}, {args.max_tokens} tokens/prompt")
     if args.json:
         write_json(rows, args.json)
@@ -75,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--spec-bench", help="a Spec-Bench question.jsonl (default: the bundled sample)")
     d.add_argument("--native", default="", help="also run vLLM's own methods, e.g. ngram or ngram,suffix "
                    "(suffix needs arctic-inference)")
+    d.add_argument("--workload", help="use the prompts of a replay workload JSONL instead of the demo's")
+    d.add_argument("--limit", type=int, help="first N prompts of --workload")
     d.add_argument("--json", help="also write the rows to this JSON file")
     d.set_defaults(func=_cmd_demo)
     return parser

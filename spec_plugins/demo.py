@@ -53,13 +53,14 @@ def run_demo(
     k: int = 4,
     max_tokens: int = 128,
     spec_bench_path: str | None = None,
+    prompts: list[str] | None = None,
     dtype: str = "float32",
     repeats: int = 3,
     native: list[str] = (),
     console: Console | None = None,
 ) -> list[DemoRow]:
     console = console or Console(stderr=True)
-    prompts = demo_prompts(spec_bench_path)
+    prompts = prompts or demo_prompts(spec_bench_path)
     base = EngineRun(model=model, prompts=prompts, max_tokens=max_tokens, dtype=dtype, chat=True)
     specs = [base]
     for name in proposers:

@@ -12,7 +12,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from spec_plugins.core import Draft, FixedLength
+from spec_plugins.core import Draft
 from spec_plugins.proposers.ngram import NgramProposer
 from spec_plugins.reference import HFTarget, StepStats, generate, verify, verify_greedy, verify_sampled
 

@@ -51,3 +51,11 @@ def code_rewrites() -> list[str]:
 
 def demo_prompts(spec_bench_path: str | Path | None = None) -> list[str]:
     return spec_bench(spec_bench_path)[:3] + code_rewrites()
+
+
+def workload_prompts(path: str | Path, limit: int | None = None) -> list[str]:
+    """The `prompt` texts of a replay workload (`benchmarks/workloads/*.jsonl`)."""
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    if not rows or "prompt" not in rows[0]:
+        raise ValueError(f"--workload: expected JSON lines with a 'prompt' field in {path}")
+    return [r["prompt"] for r in rows[:limit]]

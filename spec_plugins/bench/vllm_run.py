@@ -6,7 +6,6 @@ and an engine started after numba was imported fails on the CPU platform).
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import multiprocessing

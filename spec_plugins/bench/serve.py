@@ -1,0 +1,102 @@
+"""`vllm serve` on 127.0.0.1 for tests and benchmarks: started in its own process group, stopped by PID."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class VllmServer:
+    """`with VllmServer(model, ["--dtype", "float32", ...], log) as server: server.post(...)`.
+
+    Uses the `vllm` console script next to this interpreter (the CPU setup gives it the metadata it
+    needs). Exiting the block sends SIGTERM to the server's process group (its engine processes
+    included), then SIGKILL if it has not stopped within `stop_timeout` seconds.
+    """
+
+    def __init__(self, model: str, args: list[str], log_path: str | Path, env: dict | None = None,
+                 health_timeout: float = 300, stop_timeout: float = 60) -> None:
+        self.model, self.args, self.log_path = model, list(args), Path(log_path)
+        self.env = {**os.environ, **(env or {})}
+        self.health_timeout, self.stop_timeout = health_timeout, stop_timeout
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> "VllmServer":
+        cli = os.path.join(os.path.dirname(sys.executable), "vllm")
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(
+                [cli, "serve", self.model, "--host", "127.0.0.1", "--port", str(self.port), *self.args],
+                stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True,
+            )
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.health_timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vllm serve exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"vllm serve did not become healthy in {self.health_timeout:.0f} s")
+            time.sleep(1)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=self.stop_timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def post(self, path: str, body: dict, timeout: float = 300) -> dict:
+        req = urllib.request.Request(f"{self.url}{path}", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            raise RuntimeError(f"{path}: HTTP {exc.code}: {exc.read()[:500]!r}") from None
+
+    def get(self, path: str, timeout: float = 30) -> str:
+        with urllib.request.urlopen(f"{self.url}{path}", timeout=timeout) as resp:
+            return resp.read().decode()
