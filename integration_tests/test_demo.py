@@ -25,9 +25,9 @@ def test_demo_writes_rows(tmp_path):
         capture_output=True, text=True, timeout=900,
     )
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "mean accepted length" in res.stdout and "ngram" in res.stdout
+    assert "mean accepted length" in res.stdout and "suffix_tree" in res.stdout
     rows = json.loads(out.read_text())
-    assert [r["proposer"] for r in rows] == ["none", "ngram"]
+    assert [r["proposer"] for r in rows] == ["none", "suffix_tree"]
     for row in rows:
         assert set(row) == {"proposer", "acceptance_length", "tokens_per_s", "speedup", "identical"}
         assert row["tokens_per_s"] > 0

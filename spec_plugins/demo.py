@@ -17,7 +17,7 @@ from rich.table import Table
 from spec_plugins.bench.prompts import demo_prompts
 from spec_plugins.bench.vllm_run import EngineRun, run_side_by_side
 
-DEFAULT_PROPOSERS = ["ngram"]
+DEFAULT_PROPOSERS = ["suffix_tree"]
 
 
 @dataclass

@@ -14,8 +14,9 @@ Request ids: vLLM passes none. With the `vllm.general_plugins` entry point (`plu
 sets `row_req_ids` before every call and calls `finish(req_id)` for finished and preempted requests;
 without it rows stand for requests ("row-3"). Either way per-request state is bounded: see `_sweep`.
 
-`SPEC_PLUGINS_TRACE_FILE=PATH` appends one JSON line per step (`{"pid", "step", "rows", "tracked"}`)
-and per freed request (`{"pid", "finish", "why"}`) to PATH; the integration tests read it.
+`SPEC_PLUGINS_TRACE_FILE=PATH` appends one JSON line per step (`{"pid", "step", "rows", "tracked"}`;
+every `trace_stats_every` steps also `"stats"`: the proposer's `stats()`, if it has one) and per freed
+request (`{"pid", "finish", "why"}`) to PATH; the integration tests and benchmarks/soak.py read it.
 
 This module must not import numba/llvmlite (it breaks vLLM's CPU engine start) nor vLLM itself.
 """
@@ -40,6 +41,8 @@ class SpecPluginsProposer:
     fixed_proposer: ClassVar[str | None] = None
     # A request absent from the batch for more than this many steps is finished (see _sweep).
     stale_steps: ClassVar[int] = 16
+    # With the trace on, every this many steps the step line also carries the proposer's `stats()`.
+    trace_stats_every: ClassVar[int] = 20
 
     def __init__(self, vllm_config: Any) -> None:
         spec = vllm_config.speculative_config
@@ -109,7 +112,11 @@ class SpecPluginsProposer:
         self._sweep()
         if self._trace is not None:
             ids = [self._req_id(i) for i in range(len(sampled_token_ids))]
-            self._write({"step": self._step, "rows": ids, "tracked": len(self._last_seen)})
+            event = {"step": self._step, "rows": ids, "tracked": len(self._last_seen)}
+            stats = getattr(self.proposer, "stats", None)
+            if stats is not None and self._step % self.trace_stats_every == 0:
+                event["stats"] = stats()  # e.g. the suffix tree's cached requests, nodes, bytes
+            self._write(event)
         if not requests:
             return out
         apply_policy(self.policy, requests)

