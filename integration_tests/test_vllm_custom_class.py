@@ -14,18 +14,11 @@ from spec_plugins.bench.serve import VllmServer
 from spec_plugins.bench.vllm_run import EngineRun, run
 from spec_plugins.demo import custom_class_config
 
-from .conftest import requires_vllm
+from .conftest import REPEATING_PROMPTS, requires_vllm
 
 pytestmark = [requires_vllm, pytest.mark.vllm]
 
 K = 4
-# Token-id prompts with repeated spans, so prompt lookup finds matches even on a random model.
-REPEATING_PROMPTS = [
-    [5, 6, 7, 8, 9, 10, 11, 5, 6, 7, 8, 9, 10, 11, 5, 6, 7],
-    [20, 21, 22, 23, 20, 21, 22, 23, 20, 21],
-    [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 40, 41, 42, 43],
-    [100, 3, 100, 3, 100, 3, 100],
-]
 
 
 _baselines: dict[str, object] = {}

@@ -22,7 +22,7 @@ from spec_plugins.bench.serve import VllmServer
 from spec_plugins.bench.vllm_run import CPU_ENV_DEFAULTS
 from spec_plugins.demo import custom_class_config
 
-from .conftest import requires_vllm
+from .conftest import REPEATING_PROMPTS, requires_vllm
 
 pytestmark = [requires_vllm, pytest.mark.vllm]
 
@@ -31,15 +31,7 @@ K = 4
 MAX_NUM_SEQS = 4
 # Token-id prompts with repeated spans (prompt lookup finds matches even on a random model), and
 # different lengths so requests finish at different steps.
-PROMPTS = [
-    [5, 6, 7, 8, 9, 10, 11, 5, 6, 7, 8, 9, 10, 11, 5, 6, 7],
-    [20, 21, 22, 23, 20, 21, 22, 23, 20, 21],
-    [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 40, 41, 42, 43],
-    [100, 3, 100, 3, 100, 3, 100],
-    [60, 61, 62, 60, 61, 62, 60, 61],
-    [70, 71, 72, 73, 74, 70, 71, 72, 73, 74, 70],
-    [80, 81, 80, 81, 80, 81, 80],
-]
+PROMPTS = REPEATING_PROMPTS
 MAX_TOKENS = [40, 8, 32, 16, 24, 12, 36]
 
 
