@@ -32,8 +32,23 @@ def _cmd_demo(args: argparse.Namespace) -> None:
     from spec_plugins.registry import proposer_class
 
     proposers = [p.strip() for p in args.proposers.split(",") if p.strip()]
+    policy_options = None
+    if args.policy_options:
+        import json
+
+        try:
+            policy_options = json.loads(args.policy_options)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--policy-options: expected a JSON object ({exc.msg})") from None
+    from spec_plugins.demo import DEFAULT_POLICY_OPTIONS
+    from spec_plugins.registry import create_policy
+
     for name in proposers:
-        proposer_class(name)  # unknown names fail here, before any engine starts
+        proposer, _, policy = name.partition("+")
+        proposer_class(proposer)  # unknown names fail here, before any engine starts
+        if policy:
+            options = policy_options if policy_options is not None else DEFAULT_POLICY_OPTIONS.get(policy, {})
+            create_policy(policy, options)
     native = [m.strip() for m in args.native.split(",") if m.strip()]
     from spec_plugins.demo import native_config
 
@@ -51,7 +66,7 @@ def _cmd_demo(args: argparse.Namespace) -> None:
         model = str(smollm2_path())
     rows = run_demo(model, proposers, k=args.k, max_tokens=args.max_tokens,
                     spec_bench_path=args.spec_bench, dtype=args.dtype, repeats=args.repeats, native=native,
-                    prompts=prompts)
+                    prompts=prompts, policy_options=policy_options)
     print_rows(rows, Console(), title=f"vLLM, {Path(model).name}, greedy, K={args.k}, {args.max_tokens} tokens/prompt")
     if args.json:
         write_json(rows, args.json)
@@ -71,7 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.set_defaults(func=_cmd_models)
 
     d = sub.add_parser("demo", help="vLLM with and without speculation on real prompts: speed and identity")
-    d.add_argument("--proposers", default=",".join(DEFAULT_PROPOSERS), help="comma-separated proposer names")
+    d.add_argument("--proposers", default=",".join(DEFAULT_PROPOSERS),
+                   help="comma-separated proposer names; NAME+adaptive runs NAME under the adaptive draft-length policy")
+    d.add_argument("--policy-options", help="JSON options for the +POLICY runs (default for adaptive: "
+                   "'{\"profile\": \"vllm-cpu-smollm2-135m\"}', the measured CPU profile)")
     d.add_argument("--model", help="HF model folder (default: SmolLM2-135M-Instruct, converted on first use)")
     d.add_argument("--k", type=int, default=4, help="num_speculative_tokens (default 4)")
     d.add_argument("--max-tokens", type=int, default=128, help="output tokens per prompt (default 128)")
@@ -85,7 +103,61 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--limit", type=int, help="first N prompts of --workload")
     d.add_argument("--json", help="also write the rows to this JSON file")
     d.set_defaults(func=_cmd_demo)
+
+    from spec_plugins.policy.profile import add_profile_parser
+
+    add_profile_parser(sub)
+
+    p = sub.add_parser("plan", help="hardware + model + measured acceptance -> vLLM / TensorRT-LLM draft-length configs")
+    p.add_argument("--hardware", help="GPU profile (h100, h200, b200, a100, l40s) or a YAML file")
+    p.add_argument("--model-config", help="the target's Hugging Face config.json (or its folder)")
+    p.add_argument("--profile", help="a measured step-time profile (`spec-plugins profile`) instead of --hardware")
+    p.add_argument("--acceptance", required=True,
+                   help="comma-separated acceptance traces (`python -m spec_plugins.bench.replay --trace-out`)")
+    p.add_argument("--mechanism", required=True, help="ngram, suffix (vLLM's native) or suffix_tree (ours)")
+    p.add_argument("--max-draft", type=int, required=True, help="largest draft length to consider (K)")
+    p.add_argument("--max-batch", type=int, default=256, help="largest batch size to plan for (default 256)")
+    p.add_argument("--tpot-ms", type=float, help="keep modelled time per output token under this")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp8"], help="weight/GEMM dtype (default bf16)")
+    p.add_argument("--draft-us", type=float, default=5.0, help="model-free drafting cost per request, µs")
+    p.add_argument("--out", required=True, help="output folder")
+    p.set_defaults(func=_cmd_plan)
     return parser
+
+
+def _cmd_plan(args: argparse.Namespace) -> None:
+    from spec_plugins.policy import planner
+
+    if args.mechanism not in planner.MECHANISMS:
+        raise ValueError(f"--mechanism: expected one of {', '.join(planner.MECHANISMS)}, got {args.mechanism!r}")
+    if (args.hardware is None) == (args.profile is None):
+        raise ValueError("expected exactly one of --hardware (with --model-config) or --profile")
+    if args.draft_us < 0:
+        raise ValueError(f"--draft-us: expected >= 0, got {args.draft_us}")
+    stats = planner.AcceptanceStats.from_traces(
+        planner.load_traces([a for a in args.acceptance.split(",") if a.strip()]))
+    if args.profile:
+        from spec_plugins.policy.profile import MeasuredCost, load_profile
+
+        cost = MeasuredCost(load_profile(args.profile), draft_us_per_request=args.draft_us)
+        where = Path(args.profile).stem
+    else:
+        if not args.model_config:
+            raise ValueError("--model-config: required with --hardware")
+        from spec_plugins.policy.cost import DraftCost, RooflineCost
+        from spec_plugins.policy.hardware import load_hardware
+        from spec_plugins.policy.model import load_model_config
+
+        model = load_model_config(args.model_config)
+        cost = RooflineCost(load_hardware(args.hardware), model, dtype=args.dtype,
+                            drafter=DraftCost(kind="model_free", per_request_us=args.draft_us))
+        where = f"{args.hardware} {model.name or Path(args.model_config).stem} {args.dtype}"
+    the_plan = planner.plan(cost, stats, args.max_draft, args.max_batch, args.tpot_ms)
+    title = f"{where}, {args.mechanism}, K<={args.max_draft}, acceptance: {', '.join(stats.sources)}"
+    paths = planner.write_plan(the_plan, cost, stats, args.mechanism, Path(args.out), title)
+    print(planner.guideline_table(the_plan, cost, stats), end="")
+    for kind, path in paths.items():
+        print(f"wrote {kind}: {path}")
 
 
 def main(argv: list[str] | None = None) -> int:

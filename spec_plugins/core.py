@@ -81,6 +81,9 @@ class DraftLengthPolicy(Protocol):
 
     def finish(self, req_id: ReqId) -> None: ...
 
+    # Optional: `trim(requests, drafts) -> list[int]`, the length to keep of each draft, called after
+    # drafting so a policy can use the drafts' own confidences (see `apply_trim`).
+
 
 def check_cap(value: Any, name: str, *, allow_zero: bool = False) -> int:
     """Validate a draft cap: an int, > 0 (or >= 0 when a policy may skip drafting)."""
@@ -146,3 +149,32 @@ def apply_policy(policy: DraftLengthPolicy, requests: list[DraftRequest]) -> lis
         cap = check_cap(cap, f"policy cap for request {req.req_id!r}", allow_zero=True)
         req.max_draft = min(req.max_draft, cap)
     return requests
+
+
+def truncate(draft: Draft, n: int) -> Draft:
+    """The first `n` positions of `draft` (tokens, probs and confidences alike)."""
+    if n >= len(draft.tokens):
+        return draft
+    return Draft(
+        tokens=list(draft.tokens[:n]),
+        probs=None if draft.probs is None else draft.probs[:n],
+        confidence=None if draft.confidence is None else list(draft.confidence[:n]),
+    )
+
+
+def apply_trim(policy: DraftLengthPolicy, requests: Sequence[DraftRequest], drafts: list[Draft]) -> list[Draft]:
+    """Shorten drafts to the lengths a policy's optional `trim(requests, drafts)` keeps (never lengthen).
+
+    Called after `check_drafts`; policies without `trim` leave the drafts as they are.
+    """
+    trim = getattr(policy, "trim", None)
+    if trim is None:
+        return drafts
+    lengths = trim(requests, drafts)
+    if len(lengths) != len(drafts):
+        raise ValueError(f"policy: trim returned {len(lengths)} lengths for {len(drafts)} drafts")
+    out = []
+    for req, draft, n in zip(requests, drafts, lengths):
+        n = check_cap(n, f"policy trim length for request {req.req_id!r}", allow_zero=True)
+        out.append(truncate(draft, n))
+    return out

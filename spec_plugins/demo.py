@@ -29,10 +29,20 @@ class DemoRow:
     identical: bool
 
 
-def custom_class_config(proposer: str, k: int) -> tuple[dict, dict]:
-    """The --speculative-config and --additional-config that serve `proposer` through vLLM."""
+# `--proposers suffix_tree+adaptive`: the proposer under the adaptive draft-length policy, costed
+# with the step-time profile measured for this engine (vLLM-CPU, SmolLM2-135M) unless told otherwise.
+DEFAULT_POLICY_OPTIONS = {"adaptive": {"profile": "vllm-cpu-smollm2-135m"}}
+
+
+def custom_class_config(proposer: str, k: int, policy_options: dict | None = None) -> tuple[dict, dict]:
+    """The --speculative-config and --additional-config that serve `proposer` (or `proposer+policy`)."""
     spec = {"method": "custom_class", "model": "spec_plugins.vllm.SpecPluginsProposer", "num_speculative_tokens": k}
-    return spec, {"spec_plugins": {"proposer": proposer}}
+    name, _, policy = proposer.partition("+")
+    section: dict = {"proposer": name}
+    if policy:
+        section["policy"] = policy
+        section["policy_options"] = policy_options if policy_options is not None else DEFAULT_POLICY_OPTIONS.get(policy, {})
+    return spec, {"spec_plugins": section}
 
 
 NATIVE_METHODS = ("ngram", "suffix")
@@ -58,13 +68,14 @@ def run_demo(
     repeats: int = 3,
     native: list[str] = (),
     console: Console | None = None,
+    policy_options: dict | None = None,
 ) -> list[DemoRow]:
     console = console or Console(stderr=True)
     prompts = prompts or demo_prompts(spec_bench_path)
     base = EngineRun(model=model, prompts=prompts, max_tokens=max_tokens, dtype=dtype, chat=True)
     specs = [base]
     for name in proposers:
-        spec, extra = custom_class_config(name, k)
+        spec, extra = custom_class_config(name, k, policy_options)
         specs.append(EngineRun(**{**base.__dict__, "speculative_config": spec, "additional_config": extra}))
     for method in native:
         specs.append(EngineRun(**{**base.__dict__, "speculative_config": native_config(method, k)}))

@@ -12,6 +12,7 @@ validates user options against it so a typo fails with the field's name instead 
 
 from __future__ import annotations
 
+import importlib
 from importlib.metadata import entry_points
 from typing import Any, Callable
 
@@ -22,7 +23,8 @@ from spec_plugins.core import DraftLengthPolicy, FixedLength, Proposer
 PROPOSER_GROUP = "spec_plugins.proposers"
 
 _proposers: dict[str, Callable[..., Proposer]] = {}
-_policies: dict[str, Callable[..., DraftLengthPolicy]] = {"fixed": FixedLength}
+# Policies outside core.py are named by "module:attribute" and imported on first use.
+_policies: dict[str, Any] = {"fixed": FixedLength, "adaptive": "spec_plugins.policy.adaptive:AdaptiveLength"}
 _entry_points_loaded = False
 
 
@@ -88,7 +90,7 @@ def _validated(factory: Callable[..., Any], options: dict[str, Any], field: str)
     if model is None:
         return options
     try:
-        return model(**options).model_dump()
+        return model(**options).model_dump(by_alias=True)
     except pydantic.ValidationError as exc:
         raise ValueError(_one_line(exc, field)) from None
 
@@ -111,4 +113,7 @@ def create_policy(name: str, options: dict[str, Any] | None = None) -> DraftLeng
     if name not in _policies:
         raise ValueError(f"policy: unknown name {name!r}; expected one of: {', '.join(available_policies())}")
     factory = _policies[name]
+    if isinstance(factory, str):
+        module, attr = factory.split(":")
+        factory = _policies[name] = getattr(importlib.import_module(module), attr)
     return factory(**_validated(factory, dict(options or {}), "policy_options"))

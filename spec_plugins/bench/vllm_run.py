@@ -39,6 +39,8 @@ class EngineRun:
     seed: int = 0
     chat: bool = False  # wrap text prompts in the model's chat template
     warmup: bool = True
+    ignore_eos: bool = False  # always generate max_tokens (timing by token count)
+    enforce_eager: bool = True  # False: let vLLM compile and capture CUDA graphs, as a GPU server does
     repeats: int = 1  # timed generate() calls for run(); the median time is reported
     engine_kwargs: dict = field(default_factory=dict)
 
@@ -53,6 +55,7 @@ class RunResult:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     error: str | None = None
+    step_seconds: list[float] = field(default_factory=list)  # each engine-core step of the call, in order
 
     @property
     def tokens_per_s(self) -> float:
@@ -88,8 +91,12 @@ class Engine:
         child_conn.close()
         self._expect("ready")
 
-    def generate(self) -> RunResult:
-        self._conn.send("generate")
+    def generate(self, prompts: list[Any] | None = None, max_tokens: int | None = None) -> RunResult:
+        """Generate for the spec's prompts and max_tokens, or for these instead (same engine)."""
+        if prompts is None and max_tokens is None:
+            self._conn.send("generate")
+        else:
+            self._conn.send(("generate", {"prompts": prompts, "max_tokens": max_tokens}))
         return RunResult(**self._expect("result"))
 
     def close(self) -> None:
@@ -170,10 +177,19 @@ def _serve(conn: Any, spec_dict: dict, log_path: str) -> None:
     os.dup2(log, 2)
     try:
         spec = EngineRun(**spec_dict)
-        llm, prompts, params = _build(spec)
+        llm, default_prompts, default_params = _build(spec)
+        steps = _record_steps(llm)
         conn.send(("ready", None))
-        while conn.recv() == "generate":
+        while True:
+            msg = conn.recv()  # "generate", ("generate", overrides) or "close"
+            if msg == "generate":
+                prompts, params = default_prompts, default_params
+            elif isinstance(msg, tuple) and msg[0] == "generate":
+                prompts, params = _call_inputs(llm, spec, msg[1])
+            else:
+                break
             before = _spec_metrics(llm)
+            steps.clear()
             start = time.perf_counter()
             outputs = llm.generate(prompts, params, use_tqdm=False)
             seconds = time.perf_counter() - start
@@ -185,6 +201,7 @@ def _serve(conn: Any, spec_dict: dict, log_path: str) -> None:
                 seconds=seconds,
                 output_tokens=sum(len(t) for t in token_ids),
                 **{k: after[k] - before[k] for k in after},
+                step_seconds=list(steps),
             )
             conn.send(("result", asdict(result)))
     except Exception as exc:  # reported to the parent with the log tail; the parent raises
@@ -195,22 +212,43 @@ def _serve(conn: Any, spec_dict: dict, log_path: str) -> None:
         conn.send(("error", " <- ".join(causes)))
 
 
-def _build(spec: EngineRun) -> tuple[Any, list, Any]:
-    from vllm import LLM, SamplingParams
+def _record_steps(llm: Any) -> list[float]:
+    """Time every engine-core step (schedule, forward, sample, draft) of `llm` into the returned list."""
+    core = llm.llm_engine.engine_core
+    get_output = core.get_output
+    steps: list[float] = []
 
-    llm = LLM(
-        model=spec.model,
-        dtype=spec.dtype,
-        max_model_len=spec.max_model_len,
-        enforce_eager=True,
-        seed=spec.seed,
-        disable_log_stats=False,
-        speculative_config=spec.speculative_config,
-        additional_config=spec.additional_config or {},
-        **spec.engine_kwargs,
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return get_output(*args, **kwargs)
+        finally:
+            steps.append(time.perf_counter() - start)
+
+    core.get_output = timed
+    return steps
+
+
+def _call_inputs(llm: Any, spec: EngineRun, overrides: dict) -> tuple[list, Any]:
+    """Prompts and sampling parameters of one generate() call that overrides the spec's."""
+    prompts = overrides.get("prompts")
+    max_tokens = overrides.get("max_tokens")
+    return (
+        _prompt_inputs(llm, spec, spec.prompts if prompts is None else prompts),
+        _params(spec, spec.max_tokens if max_tokens is None else max_tokens),
     )
+
+
+def _params(spec: EngineRun, max_tokens: int) -> Any:
+    from vllm import SamplingParams
+
+    return SamplingParams(max_tokens=max_tokens, temperature=spec.temperature, seed=spec.seed,
+                          ignore_eos=spec.ignore_eos)
+
+
+def _prompt_inputs(llm: Any, spec: EngineRun, raw: list[Any]) -> list[Any]:
     prompts: list[Any] = []
-    for p in spec.prompts:
+    for p in raw:
         if isinstance(p, list):
             prompts.append({"prompt_token_ids": p})
         elif spec.chat:
@@ -218,7 +256,24 @@ def _build(spec: EngineRun) -> tuple[Any, list, Any]:
                 [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True))
         else:
             prompts.append(p)
+    return prompts
+
+
+def _build(spec: EngineRun) -> tuple[Any, list, Any]:
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(
+        model=spec.model,
+        dtype=spec.dtype,
+        max_model_len=spec.max_model_len,
+        enforce_eager=spec.enforce_eager,
+        seed=spec.seed,
+        disable_log_stats=False,
+        speculative_config=spec.speculative_config,
+        additional_config=spec.additional_config or {},
+        **spec.engine_kwargs,
+    )
+    prompts = _prompt_inputs(llm, spec, spec.prompts)
     if spec.warmup:
         llm.generate(prompts[:1], SamplingParams(max_tokens=8, temperature=0.0), use_tqdm=False)
-    params = SamplingParams(max_tokens=spec.max_tokens, temperature=spec.temperature, seed=spec.seed)
-    return llm, prompts, params
+    return llm, prompts, _params(spec, spec.max_tokens)

@@ -16,7 +16,9 @@ from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
-from spec_plugins.core import DraftLengthPolicy, DraftRequest, FixedLength, Proposer, apply_policy, check_drafts
+from spec_plugins.core import (
+    DraftLengthPolicy, DraftRequest, FixedLength, Proposer, apply_policy, apply_trim, check_drafts,
+)
 from spec_plugins.reference import verify
 
 
@@ -149,7 +151,7 @@ def generate(
         # The proposer is called even at cap 0 so a stateful proposer sees every committed token.
         drafts = proposer.propose(requests)
         check_drafts(requests, drafts, who=type(proposer).__name__)
-        draft = drafts[0]
+        draft = apply_trim(policy, requests, drafts)[0]
         draft_tokens = [int(t) for t in draft.tokens]
 
         # One forward scores every draft position at once: row i is the target's next-token

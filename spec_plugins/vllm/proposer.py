@@ -8,7 +8,12 @@ vLLM (MRV1) calls `propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
 bookkeeping: row i's committed context is `token_ids_cpu[i, :num_tokens_no_spec[i]]`, and
 `len(sampled_token_ids[i]) - 1` drafts of that row were accepted in the previous step. The adapter
 turns rows into DraftRequests, lets the policy cap them (never above num_speculative_tokens: the
-scheduler does not clamp), calls the proposer and returns plain lists.
+scheduler does not clamp), calls the proposer, lets the policy trim the drafts (`policy: adaptive`
+keeps the goodput-optimal prefix of each) and returns plain lists.
+
+Batch-size schedules: vLLM computes `num_speculative_tokens_per_batch_size` for every method but hands
+it only to its own proposers, so a custom_class proposer applies it here: with B requests in the batch
+no draft is longer than the schedule's K for B (same ranges and carry-forward as vLLM's lookup).
 
 Request ids: vLLM passes none. With the `vllm.general_plugins` entry point (`plugin.py`) the runner
 sets `row_req_ids` before every call and calls `finish(req_id)` for finished and preempted requests;
@@ -29,7 +34,7 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
-from spec_plugins.core import DraftRequest, apply_policy, check_cap, check_drafts
+from spec_plugins.core import DraftRequest, apply_policy, apply_trim, check_cap, check_drafts
 from spec_plugins.vllm.settings import settings_from_additional_config
 
 TRACE_ENV = "SPEC_PLUGINS_TRACE_FILE"
@@ -54,6 +59,14 @@ class SpecPluginsProposer:
             getattr(vllm_config, "additional_config", None), self.fixed_proposer
         )
         self.proposer, self.policy = self.settings.build()
+        self.batch_schedule = batch_size_schedule(getattr(spec, "num_speculative_tokens_per_batch_size", None))
+        bind_model = getattr(self.policy, "bind_model", None)
+        if bind_model is not None and getattr(self.policy, "cost", None) is None:
+            # `policy: adaptive` with `hardware` but no `model_config`: model the engine's own model.
+            from spec_plugins.policy.model import ModelDescriptor
+
+            hf_config = vllm_config.model_config.hf_config
+            bind_model(ModelDescriptor.from_config(hf_config.to_dict(), source="vLLM model_config.hf_config"))
         # Request ids per batch row, set by the plugin's runner wrapper before each propose(). Without
         # them a row stands for its request; rows are reused and reordered between steps, which only
         # blurs per-request state (our proposers see the whole context every step).
@@ -87,6 +100,9 @@ class SpecPluginsProposer:
         out: list[list[int]] = [[] for _ in sampled_token_ids]
         rows, requests = [], []
         self._step += 1
+        k = self.num_speculative_tokens
+        if self.batch_schedule:
+            k = min(k, schedule_lookup(self.batch_schedule, len(sampled_token_ids)))
         for i, sampled in enumerate(sampled_token_ids):
             req_id = self._req_id(i)
             if not sampled:  # a prefill chunk in progress: nothing to draft from yet
@@ -106,7 +122,7 @@ class SpecPluginsProposer:
                     req_id=req_id,
                     tokens=token_ids_cpu[i, :n],
                     num_new=n if first else len(sampled),
-                    max_draft=min(self.num_speculative_tokens, room),
+                    max_draft=min(k, room),
                 )
             )
         self._sweep()
@@ -122,6 +138,7 @@ class SpecPluginsProposer:
         apply_policy(self.policy, requests)
         drafts = self.proposer.propose(requests)
         check_drafts(requests, drafts, who=f"proposer {self.settings.proposer!r}")
+        drafts = apply_trim(self.policy, requests, drafts)
         for i, req, draft in zip(rows, requests, drafts):
             out[i] = [int(t) for t in draft.tokens]
             if out[i]:
@@ -156,6 +173,28 @@ class SpecPluginsProposer:
     def _req_id(self, row: int) -> Any:
         ids = self.row_req_ids
         return ids[row] if ids is not None and row < len(ids) else f"row-{row}"
+
+
+def batch_size_schedule(value: Any) -> list[tuple[int, int, int]] | None:
+    """vLLM's `num_speculative_tokens_per_batch_size` as sorted (start, end, K) ranges, or None."""
+    if not value:
+        return None
+    try:
+        ranges = sorted((int(a), int(b), int(k)) for a, b, k in value)
+    except (TypeError, ValueError):
+        raise ValueError("speculative_config.num_speculative_tokens_per_batch_size: expected [[start, end, K], ...], "
+                         f"got {value!r}") from None
+    return ranges
+
+
+def schedule_lookup(ranges: list[tuple[int, int, int]], batch: int) -> int:
+    """K for `batch` requests: its range's K; in a gap or past the end, the K of the range before."""
+    k = ranges[0][2]
+    for start, end, value in ranges:
+        if start > batch:
+            break
+        k = value
+    return k
 
 
 class Ngram(SpecPluginsProposer):

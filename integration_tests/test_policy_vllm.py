@@ -1,0 +1,90 @@
+"""The draft-length policy and the planner's configs in a real vLLM engine: accepted, applied, lossless."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from spec_plugins.bench.vllm_run import EngineRun, run
+from spec_plugins.policy import planner
+from spec_plugins.policy.cost import RooflineCost
+
+from .conftest import REPEATING_PROMPTS, requires_vllm
+
+pytestmark = [requires_vllm, pytest.mark.vllm]
+
+K = 6
+PROMPTS = REPEATING_PROMPTS[:5]
+MAX_TOKENS = 40
+
+# A slow, compute-bound GPU for the tiny model: each verified token costs about as much as the fixed
+# part of a step, so the adaptive policy keeps confident tokens and drops doubtful ones (mixed lengths).
+SLOW_GPU = """
+name: slow-test-gpu
+bf16_tflops: 0.002
+fp8_tflops: null
+memory_bandwidth_tbs: 1.0
+sm_count: 1
+gemm_tile_rows: 1
+attention_tile_rows: 128
+step_overhead_us: 2000
+"""
+
+
+@pytest.fixture(scope="module")
+def baseline(tiny_llama):
+    return run(EngineRun(model=tiny_llama, prompts=PROMPTS, max_tokens=MAX_TOKENS, warmup=False, max_model_len=512))
+
+
+def _spec(tiny_llama, speculative_config, additional_config=None):
+    return EngineRun(model=tiny_llama, prompts=PROMPTS, max_tokens=MAX_TOKENS, warmup=False, max_model_len=512,
+                     speculative_config=speculative_config, additional_config=additional_config)
+
+
+@pytest.mark.parametrize("proposer", ["suffix_tree", "ngram"])
+def test_adaptive_policy_lossless_with_mixed_lengths(tiny_llama, baseline, tmp_path, proposer):
+    hw = tmp_path / "slow.yaml"
+    hw.write_text(SLOW_GPU)
+    fixed = run(_spec(tiny_llama, {"method": "custom_class", "model": "spec_plugins.vllm.SpecPluginsProposer",
+                                   "num_speculative_tokens": K},
+                      {"spec_plugins": {"proposer": proposer}}))
+    # No model_config: the policy models the engine's own model (vLLM's hf_config).
+    adaptive = run(_spec(tiny_llama, {"method": "custom_class", "model": "spec_plugins.vllm.SpecPluginsProposer",
+                                      "num_speculative_tokens": K},
+                         {"spec_plugins": {"proposer": proposer, "policy": "adaptive",
+                                           "policy_options": {"hardware": str(hw)}}}))
+    assert fixed.error is None and adaptive.error is None, (fixed.error, adaptive.error)
+    assert fixed.token_ids == baseline.token_ids
+    assert adaptive.token_ids == baseline.token_ids
+    assert adaptive.num_drafts > 0
+    # The policy shortened drafts: fewer tokens verified per draft than the fixed-length run.
+    per_draft = lambda r: r.num_draft_tokens / max(r.num_drafts, 1)
+    assert per_draft(adaptive) < per_draft(fixed)
+
+
+def test_planner_config_runs_natively_and_in_our_adapter(tiny_llama, baseline, tmp_path):
+    trace = {"format": "spec-plugins-replay-trace/1", "workload": "w", "proposer": "p", "max_draft": K,
+             "requests": [{"id": "a", "prompt_len": 50, "response_len": 60,
+                           "steps": [{"pos": i, "drafted": K, "accepted": i % (K + 1)} for i in range(60)]}]}
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(trace))
+    stats = planner.AcceptanceStats.from_traces(planner.load_traces([path]))
+    p = planner.plan(RooflineCost("h200", "llama-3.1-8b"), stats, K, max_batch=256)
+    for mechanism in ("ngram", "suffix_tree"):
+        conf = planner.vllm_speculative_config(p, mechanism)
+        res = run(_spec(tiny_llama, conf))
+        assert res.error is None, res.error
+        assert res.token_ids == baseline.token_ids
+        assert res.num_drafts > 0
+
+
+def test_our_adapter_applies_the_batch_size_schedule(tiny_llama, baseline):
+    # vLLM hands the schedule only to its own proposers; ours reads it from speculative_config:
+    # 5 requests in the batch -> the [2, 256] range -> no drafts while the batch is full.
+    conf = {"method": "custom_class", "model": "spec_plugins.vllm.Ngram", "num_speculative_tokens": K,
+            "num_speculative_tokens_per_batch_size": [[1, 1, K], [2, 256, 0]]}
+    res = run(_spec(tiny_llama, conf))
+    assert res.error is None, res.error
+    assert res.token_ids == baseline.token_ids
+    assert res.num_drafts == 0

@@ -1,0 +1,280 @@
+"""Modelled goodput of draft-length policies on recorded acceptance traces.
+
+    python -m spec_plugins.bench.policy_sim --hardware h200 --model-config configs/models/llama-3.1-8b.json \\
+        --traces T1.json,T2.json --batch-sizes 1,4,16,64,256 --json OUT.json [--png OUT.png]
+    python -m spec_plugins.bench.policy_sim --profile configs/profiles/vllm-cpu-smollm2-135m.json ...
+
+Traces come from `python -m spec_plugins.bench.replay ... --trace-out DIR`: per request, per step,
+what the proposer offered at the maximum draft (`drafted`), how many of those tokens verification
+accepted (`accepted`) and, when the proposer gives them, its per-token confidences.
+
+At batch size B, B slots run requests from the traces side by side (each slot starts at a seeded
+random step of its first request, then takes the next request in turn, cycling, so large batches do
+not run copies in lockstep). One simulated engine step takes the current step record of every slot;
+a policy keeps l_r <= drafted_r tokens of each, the step emits 1 + min(accepted_r, l_r) tokens per
+request and costs `cost.step_time(l, contexts)`. Every policy sees the same records in the same
+order. Goodput = emitted tokens / modelled seconds. Policies:
+
+* `static_<D>`: l = min(D, drafted) for D in 0..max draft;
+* `schedule`: the planner's batch-size schedule (`spec_plugins.policy.planner`), from the same traces;
+* `adaptive`: `spec_plugins.policy.adaptive.AdaptiveLength`, learning online as the steps go by;
+* `hindsight`: l = accepted (drafts exactly what will be accepted; an upper reference, not a bound
+  under every jagged cost).
+
+Records are replayed as samples: a policy that keeps fewer tokens still moves on to the next record,
+so all policies see identical inputs (the approximation every trace-driven simulator makes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from spec_plugins.core import Draft, DraftRequest
+from spec_plugins.policy.planner import AcceptanceStats, load_traces, plan, schedule_for_batch
+
+FORMAT = "spec-plugins-policy-sim/1"
+
+
+@dataclass
+class TraceRequest:
+    id: str
+    prompt_len: int
+    pos: np.ndarray
+    drafted: np.ndarray
+    accepted: np.ndarray
+    confidence: list[list[float] | None]
+
+
+def trace_requests(traces: Sequence[dict]) -> list[TraceRequest]:
+    out = []
+    for t in traces:
+        tag = f"{t.get('workload', '?')}/{t.get('proposer', '?')}"
+        for req in t["requests"]:
+            steps = req["steps"]
+            if not steps:
+                continue
+            out.append(TraceRequest(
+                id=f"{tag}/{req['id']}", prompt_len=int(req["prompt_len"]),
+                pos=np.array([s["pos"] for s in steps]), drafted=np.array([s["drafted"] for s in steps]),
+                accepted=np.array([s["accepted"] for s in steps]),
+                confidence=[s.get("confidence") for s in steps],
+            ))
+    return out
+
+
+def batch_schedule(requests: list[TraceRequest], batch: int, num_steps: int, seed: int = 0):
+    """For each engine step, the (slot request key, request, step index) of every slot."""
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(requests))
+    next_req = 0
+    copies: dict[int, int] = {}
+    slots = []
+
+    def take(first: bool):
+        nonlocal next_req
+        i = int(order[next_req % len(order)])
+        next_req += 1
+        copies[i] = copies.get(i, 0) + 1
+        start = int(rng.integers(len(requests[i].pos))) if first else 0
+        return [f"{requests[i].id}#{copies[i]}", i, start]
+
+    for _ in range(batch):
+        slots.append(take(True))
+    steps = []
+    for _ in range(num_steps):
+        steps.append([(key, i, k) for key, i, k in slots])
+        ends = []
+        for s, (key, i, k) in enumerate(slots):
+            if k + 1 < len(requests[i].pos):
+                slots[s][2] = k + 1
+            else:
+                ends.append(key)
+                slots[s] = take(False)
+        steps[-1] = (steps[-1], ends)
+    return steps
+
+
+def simulate(requests: list[TraceRequest], steps, cost, policies: dict[str, Any]) -> dict[str, float]:
+    """Goodput (tokens per modelled second) of each policy over the same steps."""
+    tokens = {name: 0.0 for name in policies}
+    seconds = {name: 0.0 for name in policies}
+    for batch, ends in steps:
+        recs = [(key, requests[i], k) for key, i, k in batch]
+        drafted = np.array([r.drafted[k] for _, r, k in recs])
+        accepted = np.array([r.accepted[k] for _, r, k in recs])
+        context = [int(r.prompt_len + r.pos[k]) for _, r, k in recs]
+        for name, pol in policies.items():
+            if callable(pol):
+                keep = np.minimum(np.asarray(pol(drafted, accepted), dtype=int), drafted)
+            else:
+                reqs = [DraftRequest(req_id=key, tokens=range(c), num_new=1, max_draft=int(d))
+                        for (key, _, _), c, d in zip(recs, context, drafted)]
+                drafts = [Draft(tokens=[0] * int(d), confidence=r.confidence[k]) for (_, r, k), d in zip(recs, drafted)]
+                keep = np.asarray(pol.trim(reqs, drafts), dtype=int)
+                for (key, _, _), n, a in zip(recs, keep, accepted):
+                    pol.observe(key, int(n), int(min(a, n)))
+            tokens[name] += float(np.sum(1 + np.minimum(accepted, keep)))
+            seconds[name] += cost.step_time([int(x) for x in keep], context)
+        for name, pol in policies.items():
+            if not callable(pol):
+                for key in ends:
+                    pol.finish(key)
+    return {name: tokens[name] / seconds[name] for name in policies}
+
+
+def build_cost(args) -> Any:
+    if (args.profile is None) == (args.hardware is None):
+        raise ValueError("expected exactly one of --hardware (with --model-config) or --profile")
+    if args.profile:
+        from spec_plugins.policy.profile import MeasuredCost, load_profile
+
+        return MeasuredCost(load_profile(args.profile), draft_us_per_request=args.draft_us)
+    if not args.model_config:
+        raise ValueError("--model-config: required with --hardware")
+    from spec_plugins.policy.cost import DraftCost, RooflineCost
+    from spec_plugins.policy.hardware import load_hardware
+    from spec_plugins.policy.model import load_model_config
+
+    return RooflineCost(load_hardware(args.hardware), load_model_config(args.model_config), dtype=args.dtype,
+                        drafter=DraftCost(kind="model_free", per_request_us=args.draft_us))
+
+
+def run(traces: list[dict], cost, batch_sizes: list[int], max_draft: int, num_steps: int, seed: int,
+        progress=None) -> dict[str, Any]:
+    from spec_plugins.policy.adaptive import AdaptiveLength
+
+    requests = trace_requests(traces)
+    stats = AcceptanceStats.from_traces(traces)
+    the_plan = plan(cost, stats, max_draft, max_batch=max(batch_sizes))
+    goodput: dict[str, list[float]] = {}
+    for b in batch_sizes:
+        steps = batch_schedule(requests, b, num_steps, seed)
+        d_sched = schedule_for_batch(the_plan, b)
+        policies: dict[str, Any] = {f"static_{d}": (lambda dr, ac, d=d: np.full(len(dr), d)) for d in range(max_draft + 1)}
+        policies["schedule"] = lambda dr, ac, d=d_sched: np.full(len(dr), d)
+        policies["hindsight"] = lambda dr, ac: ac
+        policies["adaptive"] = AdaptiveLength(cost=cost)
+        res = simulate(requests, steps, cost, policies)
+        for name, v in res.items():
+            goodput.setdefault(name, []).append(v)
+        if progress:
+            progress(b)
+    return {"goodput": goodput, "schedule": [schedule_for_batch(the_plan, b) for b in batch_sizes]}
+
+
+def summarize(batch_sizes: list[int], goodput: dict[str, list[float]], max_draft: int) -> dict[str, Any]:
+    statics = [f"static_{d}" for d in range(max_draft + 1)]
+    rows = []
+    captured = []
+    for i, b in enumerate(batch_sizes):
+        best_name = max(statics, key=lambda n: goodput[n][i])
+        best = goodput[best_name][i]
+        hind = goodput["hindsight"][i]
+        ada = goodput["adaptive"][i]
+        headroom = hind / best - 1.0
+        cap = (ada - best) / (hind - best) if hind > best else None
+        if headroom > 0.05:
+            captured.append(cap)
+        rows.append({"batch": b, "best_static": best_name, "best_static_goodput": best, "adaptive": ada,
+                     "hindsight": hind, "schedule": goodput["schedule"][i], "adaptive_vs_best_static": ada / best,
+                     "hindsight_vs_best_static": hind / best, "headroom_captured": cap})
+    return {"rows": rows, "worst_adaptive_vs_best_static": min(r["adaptive_vs_best_static"] for r in rows),
+            "mean_headroom_captured": float(np.mean(captured)) if captured else None,
+            "batches_with_headroom_over_5pct": [r["batch"] for r in rows if r["hindsight_vs_best_static"] > 1.05]}
+
+
+def render(summary: dict[str, Any], title: str):
+    from rich.table import Table
+
+    t = Table(title=title)
+    for col in ("batch", "best static", "goodput", "schedule", "adaptive", "hindsight", "adaptive/best", "hindsight/best", "captured"):
+        t.add_column(col, justify="right")
+    for r in summary["rows"]:
+        cap = "-" if r["headroom_captured"] is None else f"{100 * r['headroom_captured']:.0f}%"
+        t.add_row(str(r["batch"]), r["best_static"].removeprefix("static_"), f"{r['best_static_goodput']:.1f}",
+                  f"{r['schedule']:.1f}", f"{r['adaptive']:.1f}", f"{r['hindsight']:.1f}",
+                  f"{r['adaptive_vs_best_static']:.3f}x", f"{r['hindsight_vs_best_static']:.3f}x", cap)
+    return t
+
+
+def plot(path: Path, batch_sizes: list[int], goodput: dict[str, list[float]], max_draft: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    statics = [f"static_{d}" for d in range(max_draft + 1)]
+    best = np.array([max(goodput[n][i] for n in statics) for i in range(len(batch_sizes))])
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, style in (("adaptive", "o-"), ("hindsight", "k--"), ("schedule", "s:")):
+        ax.plot(batch_sizes, np.array(goodput[name]) / best, style, label=name)
+    ax.plot(batch_sizes, goodput["static_0"] / best, "x-", color="grey", label="no speculation")
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("goodput / best static D")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m spec_plugins.bench.policy_sim", description=__doc__.split("\n")[0])
+    ap.add_argument("--hardware", help="GPU profile name (h100, h200, b200, a100, l40s) or YAML path")
+    ap.add_argument("--model-config", help="the target's Hugging Face config.json")
+    ap.add_argument("--profile", help="a measured step-time profile instead of --hardware")
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp8"])
+    ap.add_argument("--draft-us", type=float, default=5.0, help="model-free drafting cost per request (µs)")
+    ap.add_argument("--traces", required=True, help="comma-separated replay trace files")
+    ap.add_argument("--batch-sizes", default="1,4,16,64,256")
+    ap.add_argument("--steps", type=int, default=300, help="simulated engine steps per batch size")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--png", type=Path)
+    args = ap.parse_args(argv)
+
+    from rich.console import Console
+    from rich.progress import Progress
+
+    err = Console(stderr=True)
+    try:
+        batch_sizes = [int(x) for x in args.batch_sizes.split(",") if x.strip()]
+        if not batch_sizes or min(batch_sizes) < 1:
+            raise ValueError(f"--batch-sizes: expected positive integers, got {args.batch_sizes!r}")
+        if args.steps < 1:
+            raise ValueError(f"--steps: expected >= 1, got {args.steps}")
+        traces = load_traces([p for p in args.traces.split(",") if p.strip()])
+        cost = build_cost(args)
+    except ValueError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        return 2
+    max_draft = max(int(t["max_draft"]) for t in traces)
+    with Progress(console=err, transient=True) as prog:
+        task = prog.add_task("simulating", total=len(batch_sizes))
+        result = run(traces, cost, batch_sizes, max_draft, args.steps, args.seed, lambda b: prog.advance(task))
+    summary = summarize(batch_sizes, result["goodput"], max_draft)
+    Console(width=150).print(render(summary, f"modelled goodput, tokens/s ({', '.join(t.get('workload', '?') + '/' + t.get('proposer', '?') for t in traces)})"))
+    Console().print(f"worst adaptive / best static: {summary['worst_adaptive_vs_best_static']:.3f}x; "
+                    f"headroom captured (batches with >5% headroom {summary['batches_with_headroom_over_5pct']}): "
+                    + ("-" if summary["mean_headroom_captured"] is None else f"{100 * summary['mean_headroom_captured']:.0f}%"))
+    if args.json:
+        doc = {"format": FORMAT, "command": " ".join(sys.argv), "traces": args.traces.split(","),
+               "batch_sizes": batch_sizes, "goodput": result["goodput"], "schedule_draft_lens": result["schedule"],
+               "summary": summary}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(doc, indent=1))
+    if args.png:
+        plot(args.png, batch_sizes, result["goodput"], max_draft)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Draft-length policy: hardware and model descriptions, cost model, acceptance estimators, allocator."""

