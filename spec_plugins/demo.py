@@ -2,7 +2,9 @@
 
 Every configuration runs in its own engine process on the same prompts; the engines are timed in
 turns, so speed-ups are ratios from one run on one machine state, and `identical` compares greedy
-token ids with the no-speculation run.
+token ids with the no-speculation run. Each timed round uses prompts of its own (the prompt set is
+split over `repeats` rounds): the suffix tree and ArcticInference remember finished responses, and a
+repeated prompt would be answered from memory.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from spec_plugins.bench.prompts import demo_prompts
+from spec_plugins.bench.prompts import demo_prompts, prompt_rounds
 from spec_plugins.bench.vllm_run import EngineRun, run_side_by_side
 
 DEFAULT_PROPOSERS = ["suffix_tree"]
@@ -72,7 +74,8 @@ def run_demo(
 ) -> list[DemoRow]:
     console = console or Console(stderr=True)
     prompts = prompts or demo_prompts(spec_bench_path)
-    base = EngineRun(model=model, prompts=prompts, max_tokens=max_tokens, dtype=dtype, chat=True)
+    rounds = prompt_rounds(prompts, repeats)
+    base = EngineRun(model=model, prompts=rounds[0], max_tokens=max_tokens, dtype=dtype, chat=True)
     specs = [base]
     for name in proposers:
         spec, extra = custom_class_config(name, k, policy_options)
@@ -83,9 +86,9 @@ def run_demo(
     labels = ["no speculation"] + [f"{name} (K={k})" for name in names[1:]]
     started = iter(labels)
     with console.status(f"starting {len(specs)} vLLM engines, then timing them in turns "
-                        f"({repeats} rounds of {len(prompts)} prompts x {max_tokens} tokens)") as status:
+                        f"({repeats} rounds of {len(rounds[0])} new prompts x {max_tokens} tokens)") as status:
         results = run_side_by_side(
-            specs, repeats=repeats, on_start=lambda _: status.update(f"starting vLLM: {next(started)}"))
+            specs, on_start=lambda _: status.update(f"starting vLLM: {next(started)}"), prompt_rounds=rounds)
     baseline = results[0]
     rows = []
     for name, result in zip(names, results):

@@ -190,3 +190,37 @@ def test_model_config_missing_field_is_one_line(tmp_path, capsys):
     assert rc == 2
     err = capsys.readouterr().err.strip()
     assert "missing field" in err and "\n" not in err
+
+
+def test_policy_e2e_configurations_and_bad_input(capsys):
+    from spec_plugins.bench import policy_e2e
+
+    confs = policy_e2e.configurations("suffix_tree", [2, 8], 16, {"profile": "vllm-cpu-smollm2-135m"}, "suffix", 8)
+    assert list(confs) == ["none", "suffix_tree K=2", "suffix_tree K=8", "suffix_tree+adaptive K<=16", "vllm:suffix K=8"]
+    spec, extra = confs["suffix_tree+adaptive K<=16"]
+    assert spec["num_speculative_tokens"] == 16 and extra["spec_plugins"]["policy"] == "adaptive"
+    assert confs["vllm:suffix K=8"][0]["method"] == "suffix"
+    # Bad input fails before any engine starts, in one line.
+    for argv, msg in ((["--concurrency", "0"], "--concurrency"), (["--static-k", "0"], "--static-k"),
+                      (["--proposer", "sufix"], "unknown name 'sufix'"),
+                      (["--policy-options", '{"profile": "nope"}'], "no file or shipped profile 'nope'")):
+        assert policy_e2e.main(argv) == 2
+        assert msg in capsys.readouterr().err
+
+
+def test_shipped_cpu_profile_loads_and_grows_with_tokens():
+    from spec_plugins.policy.adaptive import profile_path
+    from spec_plugins.policy.profile import MeasuredCost, load_profile
+
+    cost = MeasuredCost(load_profile(profile_path("vllm-cpu-smollm2-135m")))
+    assert cost.linear_time(512) > 4 * cost.linear_time(8) > 0
+
+
+def test_demo_runs_a_proposer_under_a_policy():
+    from spec_plugins.demo import custom_class_config
+
+    spec, extra = custom_class_config("suffix_tree+adaptive", 8)
+    assert spec["num_speculative_tokens"] == 8
+    assert extra == {"spec_plugins": {"proposer": "suffix_tree", "policy": "adaptive",
+                                      "policy_options": {"profile": "vllm-cpu-smollm2-135m"}}}
+    assert custom_class_config("ngram", 4)[1] == {"spec_plugins": {"proposer": "ngram"}}

@@ -396,3 +396,55 @@ def test_chi_square_catches_a_broken_verifier(monkeypatch, broken):
     monkeypatch.setattr(verify, "verify_sampled", broken)
     pvalue, _ = _min_row_pvalue(one_hot=False, n_tokens=30_000)
     assert pvalue < 1e-6
+
+
+class ConfidentMarkovDrafter(MarkovDrafter):
+    """MarkovDrafter with a confidence per position that depends on the token sampled before it (the
+    draft chain's largest probability after it), as DSpark's confidence head does. Like DSpark's, it
+    must not look at the position's own token: keeping a token because of its own value biases."""
+
+    def propose(self, requests):
+        (draft,) = super().propose(requests)
+        prev = requests[0].tokens[-1]
+        conf = []
+        for t in draft.tokens:
+            conf.append(float(self.q[prev].max()))
+            prev = t
+        return [Draft(draft.tokens, probs=draft.probs, confidence=conf)]
+
+
+class _RowCost:
+    """Each verified token costs a third of a step's fixed part: mid-length drafts win."""
+
+    overhead_s = 3.0
+
+    def linear_time(self, rows):
+        return float(rows)
+
+    def attention_time(self, draft_len, context_len):
+        return 0.0
+
+    def draft_time(self, draft_lens):
+        return 0.0
+
+    def step_time(self, draft_lens, context_lens):
+        return self.overhead_s + self.linear_time(sum(1 + d for d in draft_lens))
+
+
+@pytest.mark.parametrize("one_hot", [False, True], ids=["draft-probs", "one-hot"])
+def test_sampled_output_exact_under_the_adaptive_policy(one_hot):
+    # Sampled drafts (probs set) are trimmed with the non-anticipating greedy search; deterministic
+    # (one-hot) drafts with the global one. Both must leave the output distribution untouched.
+    from spec_plugins.policy.adaptive import AdaptiveLength
+
+    policy = AdaptiveLength(cost=_RowCost())
+    prompt = [0]
+    result = generate(MarkovTarget(TRANSITION), ConfidentMarkovDrafter(DRAFT_CHAIN, 7, one_hot), prompt, 60_000,
+                      max_draft=6, temperature=1.0, seed=3, policy=policy)
+    seq = np.array(prompt + result.tokens)
+    counts = np.zeros((V, V))
+    np.add.at(counts, (seq[:-1], seq[1:]), 1)
+    pvalues = [chisquare(counts[i], counts[i].sum() * TRANSITION[i]).pvalue for i in range(V)]
+    assert min(pvalues) > 1e-3
+    lengths = {s.drafted for s in result.steps}
+    assert len(lengths) >= 3  # the policy really varied the draft length

@@ -15,6 +15,7 @@ discounted by the copy hazard. HYPOTHESIS_PROFILE=slow runs 10^4 cases per prope
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
@@ -709,3 +710,37 @@ def test_reused_request_id_with_unrelated_context_starts_over():
     assert drafts[0].tokens == [7, 9, 8, 7][: len(drafts[0].tokens)] and len(drafts[0].tokens) <= 4
     stats = p.stats()
     assert stats["active_requests"] == 1 and stats["cached_requests"] == 1
+
+
+_DRAFTS_SCRIPT = """
+import json, random
+from spec_plugins.core import DraftRequest
+from spec_plugins.proposers.suffix_tree import SuffixTreeProposer
+rng = random.Random(11)
+p = SuffixTreeProposer(max_cached_requests=4)
+out = []
+for r in range(12):
+    req = f"request-{r}"  # string ids: their hashes differ between processes
+    seq = [rng.randrange(8) for _ in range(200)]
+    for n in range(20, 200, 7):
+        (d,) = p.propose([DraftRequest(req, seq[:n], n if n == 20 else 7, 8)])
+        out.append([d.tokens, [round(c, 12) for c in d.confidence or []]])
+    p.finish(req)
+print(json.dumps(out))
+"""
+
+
+def test_drafts_identical_across_processes_with_different_hash_seeds():
+    # Under tensor parallelism every rank runs its own proposer: drafts must not depend on the
+    # process (hash randomisation of string request ids, allocation order).
+    import os
+    import subprocess
+    import sys
+
+    outs = []
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        outs.append(subprocess.run([sys.executable, "-c", _DRAFTS_SCRIPT], env=env, capture_output=True,
+                                   text=True, check=True).stdout)
+    assert outs[0] == outs[1]
+    assert sum(len(tokens) > 0 for tokens, _ in json.loads(outs[0])) > 50  # real drafts were compared

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import inspect
+import itertools
 import json
 from importlib import resources
 from pathlib import Path
@@ -22,6 +23,13 @@ CODE_REWRITES = [
     ("shlex", "quote", "Add type hints to this Python function. Output the complete function."),
     ("fnmatch", "filter", "Rewrite this Python function, renaming the variable `result` to `matches`. "
      "Output the complete function."),
+    ("string", "capwords", "Add type hints to this Python function. Output the complete function."),
+    ("textwrap", "dedent", "Rewrite this Python function, renaming the variable `margin` to `common`. "
+     "Output the complete function."),
+    ("base64", "b64encode", "Add type hints to this Python function. Output the complete function."),
+    ("difflib", "get_close_matches", "Rewrite this Python function, renaming the parameter `possibilities` to "
+     "`candidates`. Output the complete function."),
+    ("glob", "has_magic", "Add type hints and a docstring to this Python function. Output the complete function."),
 ]
 
 
@@ -50,7 +58,18 @@ def code_rewrites() -> list[str]:
 
 
 def demo_prompts(spec_bench_path: str | Path | None = None) -> list[str]:
-    return spec_bench(spec_bench_path)[:3] + code_rewrites()
+    """Spec-Bench questions and code rewrites, interleaved (so any slice mixes both)."""
+    chat, code = spec_bench(spec_bench_path), code_rewrites()
+    return [p for pair in itertools.zip_longest(chat, code) for p in pair if p is not None]
+
+
+def prompt_rounds(prompts: list, rounds: int) -> list[list]:
+    """`rounds` disjoint, equal slices of `prompts` (the remainder is left out)."""
+    per = len(prompts) // rounds
+    if per < 1:
+        raise ValueError(f"--repeats: {rounds} rounds of distinct prompts need at least {rounds} prompts, "
+                         f"got {len(prompts)}")
+    return [prompts[r * per:(r + 1) * per] for r in range(rounds)]
 
 
 def workload_prompts(path: str | Path, limit: int | None = None) -> list[str]:

@@ -146,14 +146,34 @@ def run(spec: EngineRun, env: dict | None = None) -> RunResult:
         return combine([engine.generate() for _ in range(max(1, spec.repeats))])
 
 
-def run_side_by_side(specs: list[EngineRun], repeats: int = 3, on_start: Any = None) -> list[RunResult]:
-    """Start every engine, then time them in turns `repeats` times; median time per engine."""
+def concat(results: list[RunResult]) -> RunResult:
+    """One result for rounds on different prompts: outputs concatenated, times and counts summed."""
+    return RunResult(
+        token_ids=[t for r in results for t in r.token_ids], texts=[t for r in results for t in r.texts],
+        seconds=sum(r.seconds for r in results), output_tokens=sum(r.output_tokens for r in results),
+        num_drafts=sum(r.num_drafts for r in results), num_draft_tokens=sum(r.num_draft_tokens for r in results),
+        num_accepted_tokens=sum(r.num_accepted_tokens for r in results),
+    )
+
+
+def run_side_by_side(specs: list[EngineRun], repeats: int = 3, on_start: Any = None,
+                     prompt_rounds: list[list[Any]] | None = None) -> list[RunResult]:
+    """Start every engine, then time them in turns; one result per engine.
+
+    prompt_rounds: one prompt list per timed round, each different. Proposers that remember finished
+    responses (the suffix tree, ArcticInference's suffix decoding) would otherwise replay an earlier
+    round's answers from memory. Results are then summed over rounds. Without it, every round repeats
+    the spec's prompts and the median time is kept (fine for memoryless proposers only).
+    """
     engines: list[Engine] = []
     try:
         for spec in specs:
             if on_start is not None:
                 on_start(spec)
             engines.append(Engine(spec))
+        if prompt_rounds is not None:
+            rounds = [[engine.generate(prompts) for engine in engines] for prompts in prompt_rounds]
+            return [concat([r[i] for r in rounds]) for i in range(len(engines))]
         rounds = [[engine.generate() for engine in engines] for _ in range(max(1, repeats))]
         return [combine([r[i] for r in rounds]) for i in range(len(engines))]
     finally:
@@ -275,5 +295,8 @@ def _build(spec: EngineRun) -> tuple[Any, list, Any]:
     )
     prompts = _prompt_inputs(llm, spec, spec.prompts)
     if spec.warmup:
-        llm.generate(prompts[:1], SamplingParams(max_tokens=8, temperature=0.0), use_tqdm=False)
+        # A prompt of its own: warming up on a timed prompt would let proposers that remember
+        # responses (suffix trees) start the timed run with part of its answer.
+        warm = [list(range(10, 42))] if isinstance(spec.prompts[0], list) else ["Name three colours."]
+        llm.generate(_prompt_inputs(llm, spec, warm), SamplingParams(max_tokens=8, temperature=0.0), use_tqdm=False)
     return llm, prompts, _params(spec, spec.max_tokens)

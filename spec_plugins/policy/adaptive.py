@@ -14,7 +14,9 @@ from survival estimates (`acceptance.py`):
 
 A request whose draft is empty costs nothing extra. Drafts sampled from a draft distribution
 (`Draft.probs` set) are trimmed with the non-anticipating greedy search, deterministic drafts with the
-global one (see allocator.py).
+global one (see allocator.py). For sampled drafts a proposer's confidence at position j may depend on the
+tokens before j but never on token j itself (DSpark's head sees x_{j-1}, not x_j): keeping a sampled
+token because of its own value biases the output (a chi-square test in tests/test_reference.py).
 """
 
 from __future__ import annotations

@@ -1,0 +1,165 @@
+"""End to end on a live vLLM engine: the adaptive draft-length policy vs every static K, by concurrency.
+
+    python -m spec_plugins.bench.policy_e2e --proposer suffix_tree --static-k 2,4,8,16 --adaptive-k 16 \\
+        --concurrency 1,8,32 --workload benchmarks/workloads/code_completion.jsonl --json OUT.json
+
+One engine per configuration (no speculation, each static K, the adaptive policy with K as its cap,
+optionally vLLM's native method), all alive at once and timed in turns, so every ratio comes from one
+run on one machine state. At concurrency c the engine gets c prompts in one `generate` call (c = 1:
+`--sequential` prompts one after another). Every round and concurrency level takes prompts no engine
+has seen before: the suffix tree remembers finished responses, and a repeated prompt would be answered
+from memory. Reported per configuration and concurrency: output tokens/s (all rounds' tokens over
+their time), mean accepted length, drafted tokens per draft, and whether the greedy outputs equal the
+no-speculation run's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from spec_plugins.bench.vllm_run import Engine, EngineRun, RunResult, concat
+
+FORMAT = "spec-plugins-policy-e2e/1"
+
+
+def configurations(proposer: str, static_k: list[int], adaptive_k: int, policy_options: dict,
+                   native: str | None, native_k: int) -> dict[str, tuple[dict | None, dict | None]]:
+    """name -> (speculative_config, additional_config)."""
+    model = "spec_plugins.vllm.SpecPluginsProposer"
+    out: dict[str, tuple[dict | None, dict | None]] = {"none": (None, None)}
+    for k in static_k:
+        out[f"{proposer} K={k}"] = ({"method": "custom_class", "model": model, "num_speculative_tokens": k},
+                                    {"spec_plugins": {"proposer": proposer}})
+    out[f"{proposer}+adaptive K<={adaptive_k}"] = (
+        {"method": "custom_class", "model": model, "num_speculative_tokens": adaptive_k},
+        {"spec_plugins": {"proposer": proposer, "policy": "adaptive", "policy_options": policy_options}})
+    if native:
+        from spec_plugins.demo import native_config
+
+        out[f"vllm:{native} K={native_k}"] = (native_config(native, native_k), None)
+    return out
+
+
+def timed(engine: Engine, prompts: list, max_tokens: int, concurrency: int) -> RunResult:
+    """One round at `concurrency`: all prompts in one call, or one by one at concurrency 1."""
+    if concurrency > 1:
+        return engine.generate(prompts, max_tokens)
+    return concat([engine.generate([p], max_tokens) for p in prompts])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m spec_plugins.bench.policy_e2e", description=__doc__.split("\n")[0])
+    ap.add_argument("--model", help="HF model folder (default: SmolLM2-135M-Instruct)")
+    ap.add_argument("--proposer", default="suffix_tree")
+    ap.add_argument("--static-k", default="2,4,8,16")
+    ap.add_argument("--adaptive-k", type=int, default=16)
+    ap.add_argument("--policy-options", default='{"profile": "vllm-cpu-smollm2-135m"}')
+    ap.add_argument("--native", help="also vLLM's own method at --native-k (ngram or suffix)")
+    ap.add_argument("--native-k", type=int, default=8)
+    ap.add_argument("--concurrency", default="1,8,32")
+    ap.add_argument("--sequential", type=int, default=4, help="prompts run one by one at concurrency 1")
+    ap.add_argument("--workload", action="append", help="replay workload JSONL(s) whose prompts to use")
+    ap.add_argument("--spec-bench", help="also the first-turn prompts of a Spec-Bench question.jsonl")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+
+    from rich.console import Console
+    from rich.table import Table
+
+    err = Console(stderr=True)
+    try:
+        static_k = [int(k) for k in args.static_k.split(",") if k.strip()]
+        conc = [int(c) for c in args.concurrency.split(",") if c.strip()]
+        if not static_k or min(static_k) < 1 or args.adaptive_k < 1:
+            raise ValueError("--static-k/--adaptive-k: expected integers >= 1")
+        if not conc or min(conc) < 1:
+            raise ValueError(f"--concurrency: expected integers >= 1, got {args.concurrency!r}")
+        policy_options = json.loads(args.policy_options)
+        from spec_plugins.registry import create_policy, proposer_class
+
+        proposer_class(args.proposer)
+        create_policy("adaptive", policy_options)
+        from spec_plugins.bench.prompts import demo_prompts, workload_prompts
+
+        # Several workloads are interleaved, so every concurrency level sees a mix of them.
+        sets = [workload_prompts(w, None) for w in args.workload or []]
+        if args.spec_bench:
+            from spec_plugins.bench.prompts import spec_bench
+
+            sets.append(spec_bench(args.spec_bench))
+        prompts = [p for group in itertools.zip_longest(*sets) for p in group if p is not None]
+        prompts = prompts or demo_prompts(None)
+        per_round = [args.sequential if c == 1 else c for c in conc]
+        need = args.repeats * sum(per_round)
+        if len(prompts) < need:
+            raise ValueError(f"prompts: {args.repeats} rounds at concurrency {args.concurrency} need {need} distinct "
+                             f"prompts, got {len(prompts)} (add --workload or --spec-bench files)")
+    except (ValueError, json.JSONDecodeError) as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        return 2
+    model = args.model
+    if model is None:
+        from spec_plugins.models import smollm2_path
+
+        model = str(smollm2_path())
+    configs = configurations(args.proposer, static_k, args.adaptive_k, policy_options, args.native, args.native_k)
+    engines: dict[str, Engine] = {}
+    rounds: dict[str, dict[int, list[RunResult]]] = {name: {c: [] for c in conc} for name in configs}
+    try:
+        with err.status("starting engines") as status:
+            for name, (spec, extra) in configs.items():
+                status.update(f"starting vLLM: {name}")
+                engines[name] = Engine(EngineRun(model=model, prompts=prompts[:1], max_tokens=8, dtype=args.dtype,
+                                                 chat=True, speculative_config=spec, additional_config=extra))
+            cursor = 0
+            for r in range(args.repeats):
+                for c, n in zip(conc, per_round):
+                    batch, cursor = prompts[cursor: cursor + n], cursor + n
+                    for name, engine in engines.items():
+                        status.update(f"round {r + 1}/{args.repeats}, concurrency {c}: {name}")
+                        rounds[name][c].append(timed(engine, batch, args.max_tokens, c))
+    finally:
+        for engine in engines.values():
+            engine.close()
+
+    rows = []
+    for c in conc:
+        base = concat(rounds["none"][c])
+        for name in configs:
+            res = concat(rounds[name][c])
+            rows.append({
+                "concurrency": c, "config": name, "tokens_per_s": res.tokens_per_s,
+                "rounds_tokens_per_s": [x.tokens_per_s for x in rounds[name][c]],
+                "acceptance_length": res.acceptance_length,
+                "draft_tokens_per_draft": res.num_draft_tokens / res.num_drafts if res.num_drafts else 0.0,
+                "identical": res.token_ids == base.token_ids,
+            })
+    out = Console(width=140)
+    for c in conc:
+        t = Table(title=f"vLLM, {Path(model).name}, greedy, concurrency {c}, {args.max_tokens} tokens/prompt")
+        for col in ("config", "tokens/s", "vs none", "vs best static", "accepted len", "drafted/draft", "identical"):
+            t.add_column(col, justify="left" if col == "config" else "right")
+        cr = [r for r in rows if r["concurrency"] == c]
+        none = next(r["tokens_per_s"] for r in cr if r["config"] == "none")
+        best_static = max(r["tokens_per_s"] for r in cr if " K=" in r["config"] and not r["config"].startswith("vllm:"))
+        for r in cr:
+            t.add_row(r["config"], f"{r['tokens_per_s']:.1f}", f"{r['tokens_per_s'] / none:.2f}x",
+                      f"{r['tokens_per_s'] / best_static:.3f}x", f"{r['acceptance_length']:.2f}",
+                      f"{r['draft_tokens_per_draft']:.2f}", "yes" if r["identical"] else "[red]NO[/]")
+        out.print(t)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"format": FORMAT, "command": " ".join(sys.argv), "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
