@@ -224,3 +224,21 @@ def test_demo_runs_a_proposer_under_a_policy():
     assert extra == {"spec_plugins": {"proposer": "suffix_tree", "policy": "adaptive",
                                       "policy_options": {"profile": "vllm-cpu-smollm2-135m"}}}
     assert custom_class_config("ngram", 4)[1] == {"spec_plugins": {"proposer": "ngram"}}
+
+
+def test_shipped_engine_configs_pass_the_engines_rules():
+    from pathlib import Path
+
+    from vllm.v1.spec_decode.dynamic.utils import validate_and_normalize_dynamic_sd_schedule
+
+    root = Path(__file__).resolve().parents[1] / "configs"
+    vllm_files = sorted((root / "vllm").glob("*.json"))
+    trt_files = sorted((root / "trtllm").glob("*.yaml"))
+    assert vllm_files and trt_files
+    for f in vllm_files:
+        conf = json.loads(f.read_text())
+        assert conf["num_speculative_tokens"] >= 1
+        validate_and_normalize_dynamic_sd_schedule(conf["num_speculative_tokens_per_batch_size"])
+    for f in trt_files:
+        spec = yaml.safe_load(f.read_text())["speculative_config"]
+        planner.check_trtllm_schedule(spec["draft_len_schedule"], spec["max_draft_len"])

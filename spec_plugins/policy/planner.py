@@ -26,6 +26,7 @@ import numpy as np
 from spec_plugins.policy.allocator import StepCost
 
 TRACE_FORMAT = "spec-plugins-replay-trace/1"
+STABLE_WITHIN = 0.01
 
 
 @dataclass
@@ -172,7 +173,12 @@ def plan(cost: StepCost, stats: AcceptanceStats, max_draft: int, max_batch: int 
         if not ok:
             ok = [min(speed, key=lambda d: tpot[d][i])]
             notes.append(f"batch {b}: no draft length meets tpot {tpot_ms} ms; fastest per token taken")
-        chosen.append(max(ok, key=lambda d: (speed[d][i], -d)))
+        best = max(ok, key=lambda d: (speed[d][i], -d))
+        # Keep the previous batch size's D while it is within 1% of the best: modelled curves of
+        # neighbouring D often cross back and forth by fractions of a percent, and a schedule should not.
+        if chosen and chosen[-1] in ok and speed[chosen[-1]][i] >= (1.0 - STABLE_WITHIN) * speed[best][i]:
+            best = chosen[-1]
+        chosen.append(best)
     # K (vLLM's num_speculative_tokens, TensorRT-LLM's max_draft_len) is the batch-1 length, and
     # TensorRT-LLM requires schedule[1] == max_draft_len: no batch size drafts more than batch 1.
     chosen = [min(d, chosen[0]) for d in chosen]
@@ -263,12 +269,13 @@ def guideline_table(p: Plan, cost: StepCost, stats: AcceptanceStats) -> str:
     lines = [f"{'batch':>6} {'D':>3} {'speed-up':>9} {'tpot ms':>8}  binding guideline"]
     ctx = stats.mean_context
     for i, (b, d) in enumerate(zip(p.batch_sizes, p.chosen)):
-        if d == p.max_draft:
-            why = f"max draft {d} reached"
-        elif isinstance(cost, RooflineCost):  # what stops D + 1
-            why = binding_guideline(cost, b, d + 1, ctx)
+        if isinstance(cost, RooflineCost):
+            # At the max draft: the regime the step is in; below it: what stops D + 1.
+            why = binding_guideline(cost, b, min(d + 1, p.max_draft), ctx)
+            if d == p.max_draft:
+                why = f"K = {d} reached; {why}"
         else:
-            why = "measured step time grows faster than acceptance"
+            why = f"K = {d} reached" if d == p.max_draft else "measured step time grows faster than acceptance"
         lines.append(f"{b:>6} {d:>3} {p.speedup[d][i]:>8.2f}x {p.tpot_s[d][i] * 1e3:>8.2f}  {why}")
     lines += [f"note: {n}" for n in p.notes]
     return "\n".join(lines) + "\n"
