@@ -154,12 +154,27 @@ def test_allocate_prefers_cheap_rows_and_skips_when_compute_bound():
     assert allocate([[0.99, 0.98, 0.05]], [0], mixed) == [2]
 
 
+@settings(max_examples=200, deadline=None)
+@given(survivals, st.integers(0, 6), st.sampled_from(["global", "greedy"]))
+def test_budget_caps_the_batch_total(surv, budget, search):
+    flat = TableCost(lambda rows: 1.0)
+    lens = allocate(surv, [0] * len(surv), flat, search=search, budget=budget)
+    assert sum(lens) <= budget
+    # Memory-bound, the budget goes to the most likely tokens: none kept is less likely than one dropped.
+    kept = [a for s, l in zip(surv, lens) for a in s[:l]]
+    dropped = [a for s, l in zip(surv, lens) for a in s[l:] if a > 0]
+    if kept and dropped:
+        assert min(kept) >= max(dropped) - 1e-12
+
+
 def test_allocate_bad_input():
     cost = TableCost(lambda rows: 1.0)
     with pytest.raises(ValueError, match="survival of request 0 increases"):
         allocate([[0.2, 0.5]], [0], cost)
     with pytest.raises(ValueError, match="context lengths"):
         allocate([[0.2]], [0, 1], cost)
+    with pytest.raises(ValueError, match="allocate.budget: expected >= 0"):
+        allocate([[0.2]], [0], cost, budget=-1)
     with pytest.raises(ValueError, match="allocate.search"):
         allocate([[0.2]], [0], cost, search="sideways")
 

@@ -68,6 +68,7 @@ class AdaptiveLength:
         objective: Literal["long_run", "per_step"] = "long_run"
         rate_decay: float = pydantic.Field(default=0.98, gt=0.0, lt=1.0)
         request_correction: float = pydantic.Field(default=8.0, ge=0.0)  # pseudo-trials; 0 = off
+        max_draft_tokens_per_step: int | None = pydantic.Field(default=None, ge=0)  # over the whole batch
 
     def __init__(self, *, cost: StepCost | None = None, **options: Any) -> None:
         opts = self.Options(**options)
@@ -122,7 +123,8 @@ class AdaptiveLength:
         context = [len(r.tokens) for r in requests]
         drafted = [len(d) for d in drafts]
         lengths = allocate(surv, context, self.cost, search=search, drafted=drafted,
-                           min_gain=self.options.min_gain, rate=self._rate())
+                           min_gain=self.options.min_gain, rate=self._rate(),
+                           budget=self.options.max_draft_tokens_per_step)
         # The long-run goodput the allocator weighs tokens against: modelled, over recent steps.
         d = self.options.rate_decay
         self._tau = d * self._tau + sum(1.0 + float(np.sum(s[:n])) for s, n in zip(surv, lengths))

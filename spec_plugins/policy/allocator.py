@@ -44,6 +44,7 @@ def allocate(
     drafted: Sequence[int] | None = None,
     min_gain: float = 0.0,
     rate: float | None = None,
+    budget: int | None = None,
 ) -> list[int]:
     """Draft lengths l_r <= len(survival[r]) maximising expected tokens per modelled second.
 
@@ -58,10 +59,14 @@ def allocate(
         than the long-run rate, which is what maximises sum(tau) / sum(time) over steps of
         different make-up (Dinkelbach). A step whose base rate is low would otherwise take tokens
         that pay for that step but lower the overall goodput.
+    budget: at most this many draft tokens kept over the whole batch (an engine's per-step token
+        budget less the batch's own tokens); the search stops when it is spent.
     """
     n = len(survival)
     if len(context_lens) != n:
         raise ValueError(f"allocate: {len(context_lens)} context lengths for {n} requests")
+    if budget is not None and budget < 0:
+        raise ValueError(f"allocate.budget: expected >= 0, got {budget}")
     if search not in ("global", "greedy"):
         raise ValueError(f"allocate.search: expected 'global' or 'greedy', got {search!r}")
     lengths = [0] * n
@@ -85,6 +90,8 @@ def allocate(
 
     best = objective(tau, sunk + cost.linear_time(rows) + attn_total)
     best_k = 0
+    if budget is not None:
+        cands = cands[:budget]
     for k, (neg_a, r, j) in enumerate(cands, start=1):
         rows += 1
         new_attn = cost.attention_time(j + 1, int(context_lens[r]))
