@@ -448,3 +448,16 @@ def test_sampled_output_exact_under_the_adaptive_policy(one_hot):
     assert min(pvalues) > 1e-3
     lengths = {s.drafted for s in result.steps}
     assert len(lengths) >= 3  # the policy really varied the draft length
+
+
+def test_greedy_identical_with_the_adaptive_policy_bound_to_the_target(model_and_refs):
+    # `adaptive` names only a GPU; the reference engine binds the target's own config.
+    from spec_plugins.policy.adaptive import AdaptiveLength
+
+    model, refs = model_and_refs
+    policy = AdaptiveLength(hardware="h200")
+    for prompt, ref in zip(PROMPTS, refs):
+        res = generate(HFTarget(model), NgramProposer(min_ngram=1, max_ngram=3), prompt, len(ref), max_draft=6,
+                       policy=policy)
+        assert res.tokens == ref
+    assert policy.cost is not None and policy.cost.model.layers == model.config.num_hidden_layers

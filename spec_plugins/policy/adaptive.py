@@ -55,7 +55,7 @@ class AdaptiveLength:
 
     class Options(pydantic.BaseModel):
         model_config = pydantic.ConfigDict(extra="forbid", populate_by_name=True, protected_namespaces=())
-        hardware: str | None = None  # built-in profile name (h200, ...) or a YAML path
+        hardware: str | None = None  # GPU profile name (h200, ...) or a YAML path
         model_config_path: str | None = pydantic.Field(default=None, alias="model_config")
         profile: str | None = None  # measured step-time profile (`spec-plugins profile`)
         dtype: Literal["bf16", "fp8"] = "bf16"

@@ -124,6 +124,13 @@ def generate(
     (prompt + new tokens; the engine's own list, do not modify it).
     """
     policy = FixedLength() if policy is None else policy
+    bind_model = getattr(policy, "bind_model", None)
+    config = getattr(getattr(target, "model", None), "config", None)
+    if bind_model is not None and getattr(policy, "cost", None) is None and config is not None:
+        # `adaptive` with a GPU profile but no model_config: cost the target being run.
+        from spec_plugins.policy.model import ModelDescriptor
+
+        bind_model(ModelDescriptor.from_config(config.to_dict(), source="target model config"))
     generator = torch.Generator().manual_seed(seed)
     tokens = [int(t) for t in prompt_ids]  # the committed context: prompt, then accepted output
     num_prompt = len(tokens)
