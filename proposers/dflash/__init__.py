@@ -1,0 +1,7 @@
+"""DFlash block-diffusion drafter: the draft network, its z-lab config and checkpoint loader (engine-free)."""
+
+from spec_plugins.proposers.dflash.config import DFlashConfig, default_target_layer_ids
+from spec_plugins.proposers.dflash.loader import load_dflash, zlab_to_ours
+from spec_plugins.proposers.dflash.model import DFlashDrafter, DFlashDraftModel, DraftKVCache, select_taps
+
+__all__ = ["DFlashConfig", "DFlashDrafter", "DFlashDraftModel", "DraftKVCache", "default_target_layer_ids", "load_dflash", "select_taps", "zlab_to_ours"]
