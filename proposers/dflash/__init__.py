@@ -3,5 +3,6 @@
 from spec_plugins.proposers.dflash.config import DFlashConfig, default_target_layer_ids
 from spec_plugins.proposers.dflash.loader import load_dflash, zlab_to_ours
 from spec_plugins.proposers.dflash.model import DFlashDrafter, DFlashDraftModel, DraftKVCache, select_taps
+from spec_plugins.proposers.dflash.proposer import DFlashProposer
 
-__all__ = ["DFlashConfig", "DFlashDrafter", "DFlashDraftModel", "DraftKVCache", "default_target_layer_ids", "load_dflash", "select_taps", "zlab_to_ours"]
+__all__ = ["DFlashConfig", "DFlashDrafter", "DFlashDraftModel", "DFlashProposer", "DraftKVCache", "default_target_layer_ids", "load_dflash", "select_taps", "zlab_to_ours"]

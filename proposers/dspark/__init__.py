@@ -12,8 +12,9 @@ from spec_plugins.proposers.dspark.heads import (
     prefix_survival,
     teacher_forced,
 )
+from spec_plugins.proposers.dspark.proposer import DSparkProposer
 
 __all__ = [
-    "MARKOV_HEAD_TYPES", "ConfidenceHead", "DSparkDrafter", "MarkovHead", "SequentialTemperatureScaling",
+    "MARKOV_HEAD_TYPES", "ConfidenceHead", "DSparkDrafter", "DSparkProposer", "MarkovHead", "SequentialTemperatureScaling",
     "WalkResult", "expected_calibration_error", "markov_walk", "prefix_survival", "teacher_forced",
 ]

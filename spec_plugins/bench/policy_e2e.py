@@ -20,7 +20,6 @@ import itertools
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 from spec_plugins.bench.vllm_run import Engine, EngineRun, RunResult, concat
 

@@ -7,6 +7,10 @@ the sampling maths in `verify.py`. Any `Proposer` and any `DraftLengthPolicy` pl
 The loop depends only on a four-member target interface (`prefill`, `extend`, `crop`,
 `num_cached`), so tests can swap the transformer for a cheap table-driven model and check the
 output distribution statistically.
+
+Model-based drafters (DFlash, DSpark) read the target's hidden states: a proposer that lists decoder-layer
+ids in a `target_taps` attribute gets, in `DraftRequest.features`, the concatenated outputs of those layers
+for the committed positions it has not seen yet (accepted rows only; the newest token has none yet).
 """
 
 from __future__ import annotations
@@ -23,7 +27,11 @@ from spec_plugins.reference import verify
 
 
 class Target(Protocol):
-    """What the loop needs from a target model: logits for new tokens and a KV cache it can roll back."""
+    """What the loop needs from a target model: logits for new tokens and a KV cache it can roll back.
+
+    With a proposer that has `target_taps`, `prefill` and `extend` are called as (ids, taps) and return
+    (logits, features) instead; `HFTarget` supports both forms.
+    """
 
     @property
     def num_cached(self) -> int: ...
@@ -55,20 +63,28 @@ class HFTarget:
     def num_cached(self) -> int:
         return self.cache.get_seq_length()
 
-    def prefill(self, ids: Sequence[int]) -> torch.Tensor:
-        """Start a new sequence: drop any previous cache and run the prompt. Returns [len(ids), V]."""
+    def prefill(self, ids: Sequence[int], taps: Sequence[int] | None = None):
+        """Start a new sequence: drop any previous cache and run the prompt. Returns as `extend`."""
         self.cache = self._cache_class(config=self.model.config)
-        return self.extend(ids)
+        return self.extend(ids, taps)
 
     @torch.no_grad()
-    def extend(self, ids: Sequence[int]) -> torch.Tensor:
-        """Run `ids` at positions num_cached.. and cache them. Returns logits [len(ids), V]."""
+    def extend(self, ids: Sequence[int], taps: Sequence[int] | None = None):
+        """Run `ids` at positions num_cached.. and cache them. Returns logits [len(ids), V], or with `taps`
+        (decoder-layer ids) the pair (logits, features [len(ids), len(taps) * hidden]).
+
+        Tap k is the output of decoder layer k, HF's hidden_states[k + 1]. HF's last entry is post-norm, so
+        tapping the last layer gives the normed output, not the raw one a drafter is usually trained on.
+        """
         start = self.num_cached
         input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
         # Explicit positions: the fed tokens continue the cached ones, whatever crop did before.
         positions = torch.arange(start, start + len(ids), device=self.device).unsqueeze(0)
-        out = self.model(input_ids=input_ids, position_ids=positions, past_key_values=self.cache, use_cache=True)
-        return out.logits[0]
+        out = self.model(input_ids=input_ids, position_ids=positions, past_key_values=self.cache, use_cache=True,
+                         output_hidden_states=taps is not None)
+        if taps is None:
+            return out.logits[0]
+        return out.logits[0], torch.cat([out.hidden_states[k + 1][0] for k in taps], dim=-1)
 
     def crop(self, n: int) -> None:
         """Keep the first n cached positions."""
@@ -132,13 +148,19 @@ def generate(
 
         bind_model(ModelDescriptor.from_config(config.to_dict(), source="target model config"))
     generator = torch.Generator().manual_seed(seed)
+    taps = getattr(proposer, "target_taps", None)  # a model-based drafter's feature layers, else None
+
+    def forward(run, ids):
+        """(logits, features of the fed positions or None) from target.prefill / target.extend."""
+        return (run(ids), None) if taps is None else run(ids, taps)
+
     tokens = [int(t) for t in prompt_ids]  # the committed context: prompt, then accepted output
     num_prompt = len(tokens)
     if max_new_tokens <= 0:
         return GenerationResult([], [])
 
     # Prefill: the prompt's last logits row gives the first new token; nothing is drafted here.
-    logits = target.prefill(tokens)
+    logits, features = forward(target.prefill, tokens)
     tokens.append(verify.sample_token(logits[-1], temperature, generator))
     steps = [StepStats(0, 0)]
     if on_step is not None:
@@ -152,7 +174,9 @@ def generate(
         budget = min(max_draft, remaining - 1)
         # The live context list is passed without a copy (long generations stay linear in time);
         # proposers treat DraftRequest.tokens as read-only.
-        request = DraftRequest(req_id, tokens, num_new=len(tokens) - num_seen, max_draft=budget)
+        # features: rows for positions len(tokens) - 1 - len(features) .. len(tokens) - 2, the committed
+        # positions the target has run since the last request (the newest token has not been run yet).
+        request = DraftRequest(req_id, tokens, num_new=len(tokens) - num_seen, max_draft=budget, features=features)
         num_seen = len(tokens)
         requests = apply_policy(policy, [request])
         # The proposer is called even at cap 0 so a stateful proposer sees every committed token.
@@ -163,7 +187,7 @@ def generate(
 
         # One forward scores every draft position at once: row i is the target's next-token
         # distribution after the newest committed token and draft_tokens[:i].
-        logits = target.extend([tokens[-1]] + draft_tokens)
+        logits, features = forward(target.extend, [tokens[-1]] + draft_tokens)
         if temperature == 0:
             emitted, accepted = verify.verify_greedy(logits, draft_tokens)
         else:
@@ -171,7 +195,12 @@ def generate(
 
         if eos_token_id is not None and eos_token_id in emitted:
             emitted = emitted[: emitted.index(eos_token_id) + 1]
-        tokens.extend(emitted[:remaining])
+        emitted = emitted[:remaining]
+        tokens.extend(emitted)
+        if features is not None:
+            # Rows 0 .. len(emitted) - 1 (the old newest token and the accepted drafts) are now committed;
+            # the rejected drafts' rows are dropped, so a drafter's cache never holds them.
+            features = features[: len(emitted)]
         # Roll back the rejected drafts. The cache keeps the accepted drafts (computed from the
         # right context), not the newest token, which the target has not seen yet.
         target.crop(len(tokens) - 1)
