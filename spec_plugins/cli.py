@@ -136,22 +136,20 @@ def _cmd_plan(args: argparse.Namespace) -> None:
         raise ValueError(f"--draft-us: expected >= 0, got {args.draft_us}")
     stats = planner.AcceptanceStats.from_traces(
         planner.load_traces([a for a in args.acceptance.split(",") if a.strip()]))
-    if args.profile:
-        from spec_plugins.policy.profile import MeasuredCost, load_profile
+    from spec_plugins.policy.cost import step_cost
 
-        cost = MeasuredCost(load_profile(args.profile), draft_us_per_request=args.draft_us)
+    if args.profile:
         where = Path(args.profile).stem
+        model = None
     else:
         if not args.model_config:
             raise ValueError("--model-config: required with --hardware")
-        from spec_plugins.policy.cost import DraftCost, RooflineCost
-        from spec_plugins.policy.hardware import load_hardware
         from spec_plugins.policy.model import load_model_config
 
         model = load_model_config(args.model_config)
-        cost = RooflineCost(load_hardware(args.hardware), model, dtype=args.dtype,
-                            drafter=DraftCost(kind="model_free", per_request_us=args.draft_us))
         where = f"{args.hardware} {model.name or Path(args.model_config).stem} {args.dtype}"
+    cost = step_cost(hardware=args.hardware, model=model, profile=args.profile, dtype=args.dtype,
+                     draft_us_per_request=args.draft_us)
     the_plan = planner.plan(cost, stats, args.max_draft, args.max_batch, args.tpot_ms)
     title = f"{where}, {args.mechanism}, K<={args.max_draft}, acceptance: {', '.join(stats.sources)}"
     paths = planner.write_plan(the_plan, cost, stats, args.mechanism, Path(args.out), title)

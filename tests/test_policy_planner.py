@@ -209,8 +209,7 @@ def test_policy_e2e_configurations_and_bad_input(capsys):
 
 
 def test_shipped_cpu_profile_loads_and_grows_with_tokens():
-    from spec_plugins.policy.adaptive import profile_path
-    from spec_plugins.policy.profile import MeasuredCost, load_profile
+    from spec_plugins.policy.profile import MeasuredCost, load_profile, profile_path
 
     cost = MeasuredCost(load_profile(profile_path("vllm-cpu-smollm2-135m")))
     assert cost.linear_time(512) > 4 * cost.linear_time(8) > 0

@@ -132,18 +132,14 @@ def simulate(requests: list[TraceRequest], steps, cost, policies: dict[str, Any]
 def build_cost(args) -> Any:
     if (args.profile is None) == (args.hardware is None):
         raise ValueError("expected exactly one of --hardware (with --model-config) or --profile")
-    if args.profile:
-        from spec_plugins.policy.profile import MeasuredCost, load_profile
-
-        return MeasuredCost(load_profile(args.profile), draft_us_per_request=args.draft_us)
-    if not args.model_config:
+    if args.hardware and not args.model_config:
         raise ValueError("--model-config: required with --hardware")
-    from spec_plugins.policy.cost import DraftCost, RooflineCost
-    from spec_plugins.policy.hardware import load_hardware
+    from spec_plugins.policy.cost import step_cost
     from spec_plugins.policy.model import load_model_config
 
-    return RooflineCost(load_hardware(args.hardware), load_model_config(args.model_config), dtype=args.dtype,
-                        drafter=DraftCost(kind="model_free", per_request_us=args.draft_us))
+    model = load_model_config(args.model_config) if args.hardware else None
+    return step_cost(hardware=args.hardware, model=model, profile=args.profile, dtype=args.dtype,
+                     draft_us_per_request=args.draft_us)
 
 
 def run(traces: list[dict], cost, batch_sizes: list[int], max_draft: int, num_steps: int, seed: int,

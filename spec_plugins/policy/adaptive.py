@@ -29,23 +29,7 @@ import pydantic
 from spec_plugins.core import Draft, DraftRequest
 from spec_plugins.policy.acceptance import ConfidenceCalibrator, HistoryEstimator, survival
 from spec_plugins.policy.allocator import StepCost, allocate
-
-
-def profile_path(name_or_path: str) -> str:
-    """A measured profile file, or the name of one shipped in configs/profiles (e.g. vllm-cpu-smollm2-135m)."""
-    from pathlib import Path
-
-    from spec_plugins.policy.hardware import builtin_config_dir
-
-    if Path(name_or_path).exists() or name_or_path.endswith(".json"):
-        return name_or_path
-    shipped = builtin_config_dir("profiles")
-    path = shipped / f"{name_or_path}.json"
-    if not path.is_file():
-        names = sorted(p.stem for p in shipped.glob("*.json"))
-        raise ValueError(f"policy_options.profile: no file or shipped profile {name_or_path!r}; "
-                         f"shipped: {', '.join(names) or 'none'}")
-    return str(path)
+from spec_plugins.policy.cost import step_cost
 
 
 class AdaptiveLength:
@@ -84,27 +68,26 @@ class AdaptiveLength:
             raise ValueError("policy_options: expected exactly one of 'hardware' (a GPU profile) or 'profile' "
                              "(a measured step-time profile)")
         if self.cost is None and opts.profile is not None:
-            from spec_plugins.policy.profile import MeasuredCost, load_profile
-
-            self.cost = MeasuredCost(load_profile(profile_path(opts.profile)),
-                                     draft_us_per_request=opts.draft_us_per_request)
+            self.cost = step_cost(profile=opts.profile, draft_us_per_request=opts.draft_us_per_request)
         if self.cost is None and opts.model_config_path is not None:
             from spec_plugins.policy.model import load_model_config
 
             self.bind_model(load_model_config(opts.model_config_path))
 
-    def bind_model(self, model: Any) -> None:
-        """Build the roofline cost model for `model` (a ModelDescriptor) unless a cost is already set.
+    def bind_model(self, model: Any, source: str = "engine model config") -> None:
+        """Cost `model` (a ModelDescriptor, or a Hugging Face config dict) on the options' hardware,
+        unless a cost model is already set.
 
-        Engines call this with their own model when the options name hardware but no model_config.
+        Engines call this with their own model's config, so `hardware` alone is enough in the options.
         """
         if self.cost is not None:
             return
-        from spec_plugins.policy.cost import DraftCost, RooflineCost
-        from spec_plugins.policy.hardware import load_hardware
+        from spec_plugins.policy.model import ModelDescriptor
 
-        drafter = DraftCost(kind="model_free", per_request_us=self.options.draft_us_per_request)
-        self.cost = RooflineCost(load_hardware(self.options.hardware), model, dtype=self.options.dtype, drafter=drafter)
+        if isinstance(model, dict):
+            model = ModelDescriptor.from_config(model, source=source)
+        self.cost = step_cost(hardware=self.options.hardware, model=model, dtype=self.options.dtype,
+                              draft_us_per_request=self.options.draft_us_per_request)
 
     # ---- DraftLengthPolicy ----------------------------------------------------------------------
 
@@ -130,7 +113,8 @@ class AdaptiveLength:
         self._tau = d * self._tau + sum(1.0 + float(np.sum(s[:n])) for s, n in zip(surv, lengths))
         self._time = d * self._time + self.cost.step_time(lengths, context)
         for req, d, n in zip(requests, drafts, lengths):
-            self._kept_confidence[req.req_id] = self._usable(d)[:n] if self._usable(d) is not None else None
+            conf = self._usable(d)
+            self._kept_confidence[req.req_id] = None if conf is None else conf[:n]
         return lengths
 
     def _rate(self) -> float | None:

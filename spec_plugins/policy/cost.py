@@ -308,3 +308,15 @@ def binding_guideline(cost: RooflineCost, batch: int, draft_len: int, context_le
     if draft_len > limit and context_len > 0:
         return f"attention tile: D ≤ {hw.attention_tile_rows}/G−1 = {limit}"
     return "memory-bound: long drafts nearly free"
+
+
+def step_cost(*, hardware: HardwareProfile | str | None = None, model: ModelDescriptor | str | None = None,
+              profile: str | None = None, dtype: str = "bf16", draft_us_per_request: float = 5.0) -> CostModel:
+    """The step cost for a model-free proposer: a measured profile (a file or a shipped profile's name), or
+    `hardware` + `model` on the roofline. What the policy, the planner and the simulator all cost with."""
+    if profile is not None:
+        from spec_plugins.policy.profile import MeasuredCost, load_profile, profile_path
+
+        return MeasuredCost(load_profile(profile_path(profile)), draft_us_per_request=draft_us_per_request)
+    drafter = DraftCost(kind="model_free", per_request_us=draft_us_per_request)
+    return RooflineCost(hardware, model, dtype=dtype, drafter=drafter)

@@ -25,7 +25,6 @@ import numpy as np
 
 from spec_plugins.policy.allocator import StepCost
 
-TRACE_FORMAT = "spec-plugins-replay-trace/1"
 STABLE_WITHIN = 0.01
 
 

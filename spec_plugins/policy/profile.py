@@ -154,6 +154,21 @@ def save_profile(profile: dict, path: str | os.PathLike) -> Path:
 # the cost model
 
 
+def profile_path(name_or_path: str) -> str:
+    """A measured profile file, or the name of one shipped in configs/profiles (e.g. vllm-cpu-smollm2-135m)."""
+    from spec_plugins.policy.hardware import builtin_config_dir
+
+    if Path(name_or_path).exists() or name_or_path.endswith(".json"):
+        return name_or_path
+    shipped = builtin_config_dir("profiles")
+    path = shipped / f"{name_or_path}.json"
+    if not path.is_file():
+        names = sorted(p.stem for p in shipped.glob("*.json"))
+        raise ValueError(f"policy_options.profile: no file or shipped profile {name_or_path!r}; "
+                         f"shipped: {', '.join(names) or 'none'}")
+    return str(path)
+
+
 class MeasuredCost:
     """Step cost read off a measured profile (seconds), with the allocator's `StepCost` interface."""
 

@@ -142,11 +142,8 @@ def generate(
     policy = FixedLength() if policy is None else policy
     bind_model = getattr(policy, "bind_model", None)
     config = getattr(getattr(target, "model", None), "config", None)
-    if bind_model is not None and getattr(policy, "cost", None) is None and config is not None:
-        # `adaptive` with a GPU profile but no model_config: cost the target being run.
-        from spec_plugins.policy.model import ModelDescriptor
-
-        bind_model(ModelDescriptor.from_config(config.to_dict(), source="target model config"))
+    if bind_model is not None and config is not None:  # `adaptive` with a GPU alone: cost the target being run
+        bind_model(config.to_dict(), source="target model config")
     generator = torch.Generator().manual_seed(seed)
     taps = getattr(proposer, "target_taps", None)  # a model-based drafter's feature layers, else None
 

@@ -61,12 +61,8 @@ class SpecPluginsProposer:
         self.proposer, self.policy = self.settings.build()
         self.batch_schedule = batch_size_schedule(getattr(spec, "num_speculative_tokens_per_batch_size", None))
         bind_model = getattr(self.policy, "bind_model", None)
-        if bind_model is not None and getattr(self.policy, "cost", None) is None:
-            # `policy: adaptive` with `hardware` but no `model_config`: model the engine's own model.
-            from spec_plugins.policy.model import ModelDescriptor
-
-            hf_config = vllm_config.model_config.hf_config
-            bind_model(ModelDescriptor.from_config(hf_config.to_dict(), source="vLLM model_config.hf_config"))
+        if bind_model is not None:  # `policy: adaptive` with `hardware` alone: cost the engine's own model
+            bind_model(vllm_config.model_config.hf_config.to_dict(), source="vLLM model_config.hf_config")
         # Request ids per batch row, set by the plugin's runner wrapper before each propose(). Without
         # them a row stands for its request; rows are reused and reordered between steps, which only
         # blurs per-request state (our proposers see the whole context every step).
