@@ -88,3 +88,12 @@ def test_our_adapter_applies_the_batch_size_schedule(tiny_llama, baseline):
     assert res.error is None, res.error
     assert res.token_ids == baseline.token_ids
     assert res.num_drafts == 0
+
+
+def test_fixed_draft_profiling_proposer_is_lossless(tiny_llama, baseline):
+    # The profiler's proposer drafts tokens that are almost never right; vLLM must still emit the target's own.
+    conf = {"method": "custom_class", "model": "spec_plugins.vllm.SpecPluginsProposer", "num_speculative_tokens": 3}
+    res = run(_spec(tiny_llama, conf, {"spec_plugins": {"proposer": "fixed_draft", "proposer_options": {"length": 3}}}))
+    assert res.error is None, res.error
+    assert res.token_ids == baseline.token_ids
+    assert res.num_draft_tokens == 3 * res.num_drafts > 0
