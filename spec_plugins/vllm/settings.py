@@ -9,28 +9,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import pydantic
-
-from spec_plugins.registry import create_policy, create_proposer
+from spec_plugins.settings import ProposerSettings, parse_settings
 
 SECTION = "spec_plugins"
 DEFAULT_PROPOSER = "ngram"
 
 
-class VllmSettings(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid")
-
+class VllmSettings(ProposerSettings):
     proposer: str = DEFAULT_PROPOSER
-    proposer_options: dict[str, Any] = pydantic.Field(default_factory=dict)
-    policy: str = "fixed"
-    policy_options: dict[str, Any] = pydantic.Field(default_factory=dict)
 
-    def build(self):
-        """The proposer and policy these settings name (raises ValueError on bad names/options)."""
-        try:
-            return create_proposer(self.proposer, self.proposer_options), create_policy(self.policy, self.policy_options)
-        except ValueError as exc:  # registry errors start with the field; say where it came from
-            raise ValueError(f"additional_config.{SECTION}.{exc}") from None
+    def build(self, where: str = f"additional_config.{SECTION}"):
+        return super().build(where)
 
 
 def settings_from_additional_config(additional_config: Any, fixed_proposer: str | None = None) -> VllmSettings:
@@ -60,10 +49,4 @@ def settings_from_additional_config(additional_config: Any, fixed_proposer: str 
                 "(use spec_plugins.vllm.SpecPluginsProposer to choose the proposer by name)"
             )
         section = {**section, "proposer": fixed_proposer}
-    try:
-        return VllmSettings(**section)
-    except pydantic.ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-        raise ValueError(f"additional_config.{SECTION}.{loc}: {msg} (got {err.get('input')!r})") from None
+    return parse_settings(VllmSettings, section, f"additional_config.{SECTION}")
