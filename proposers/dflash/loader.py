@@ -30,6 +30,29 @@ sit at the top level: `block_size` (default 8, as in speculators), `mask_token_i
 - No input-embedding scale, output multiplier or logit soft-capping (speculators' draft applies none).
 - Extra tensors it may carry from the verifier (`embed_tokens`, `lm_head`, `verifier_norm`, `verifier_lm_head`)
   are ignored: the draft uses the target's. A reduced draft vocabulary (`t2d`/`d2t`) is refused.
+
+DeepSpec format (deepseek-ai/DeepSpec, `Qwen3DSparkModel`; its DFlash drafts are the same model with
+`markov_rank: 0` and `enable_confidence_head: false`): a copy of the target's Qwen3 config with the draft
+fields at the top level (`block_size`, `target_layer_ids`, `mask_token_id`, `num_target_layers`,
+`num_anchors`, `markov_rank`, `markov_head_type`, `enable_confidence_head`, `confidence_head_with_markov`,
+`layer_types`, `tie_word_embeddings: false`). Tensors are saved without prefix under the z-lab names above,
+plus the draft's own frozen copies of the target's `embed_tokens.weight` [V, d] and `lm_head.weight` [V, d]
+and, for DSpark, `markov_head.*` / `confidence_head.*`. Differences from z-lab:
+
+- Every row of the block drafts (the anchor predicts the next token, gamma = block_size drafts), like DSpark:
+  a DeepSpec DFlash draft runs under `DSparkDrafter` / `DSparkProposer` with no Markov head, never under
+  `DFlashDrafter` (which drops row 0 and would shift every draft by one). So `load_dflash` refuses the
+  layout and `load_deepspec_dflash` returns it with the embedding / head copies (`DeepSpecDraft`).
+- The copies are loaded and checked against the target's vocabulary and hidden size; the caller may use
+  them or the target's own (they are the frozen target weights, so either gives the same drafts; dropping
+  them with `keep_embeddings=False` saves 2 x V x d of memory).
+- Attention is bidirectional in every layer (DeepSpec never passes `is_causal`); sliding-window layers and
+  tap id -1 (DeepSpec's name for the embedding output) are refused rather than guessed.
+
+Errors are one-line ValueErrors naming the field or tensor: wrong tensor shapes (expected vs got), missing
+config fields, tap ids outside the target's layers, a vocabulary or hidden size that differs from the
+target's (`target_vocab_size` / `target_hidden_size` / `target_config`), and DSpark checkpoints in any
+layout ("... marks a DSpark checkpoint, not DFlash: use load_dspark / load_deepspec_dspark").
 """
 
 from __future__ import annotations
@@ -42,6 +65,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import torch
+from torch import Tensor
 
 from spec_plugins.proposers.dflash.config import SLIDING_ATTENTION, DFlashConfig
 from spec_plugins.proposers.dflash.model import DFlashDraftModel
@@ -68,6 +92,14 @@ _SPECULATORS_FOREIGN = {"dspark": "DSpark", "dflash2": "DFlash 2", "eagle3": "EA
 # Tensors that only DSpark (Markov / confidence heads) or DFlash 2 (convolutions, candidate selector) have.
 _FOREIGN = (("markov", "DSpark"), ("confidence", "DSpark"), ("attention_conv", "DFlash 2"),
             ("mlp_conv", "DFlash 2"), ("candidate_selector", "DFlash 2"))
+# Config keys that only DSpark checkpoints carry, at the top level or in dflash_config (DeepSpec, speculators,
+# ModelOpt's DSparkExporter). DeepSpec's DFlash drafts carry markov_rank 0 / enable_confidence_head false.
+_DSPARK_KEYS = ("markov_rank", "markov_head", "markov_head_type", "confidence_head", "enable_confidence_head",
+                "confidence_head_with_markov", "use_confidence_head", "sample_from_anchor", "dspark_config")
+# DeepSpec draft-only (training) fields, dropped before the rest is read as a Qwen3 / z-lab config.
+_DEEPSPEC_FIELDS = ("num_anchors", "markov_rank", "markov_head_type", "enable_confidence_head",
+                    "confidence_head_with_markov")
+_DEEPSPEC_HEADS = ("markov_head.", "confidence_head.")
 
 
 def zlab_to_ours(name: str) -> str | None:
@@ -114,7 +146,8 @@ def speculators_config(raw: Mapping[str, Any], *, num_target_layers: int | None 
     kind = raw.get("speculators_model_type")
     if kind != "dflash":
         if kind in _SPECULATORS_FOREIGN:
-            raise ValueError(f"DFlash config field 'speculators_model_type': {kind!r} marks a {_SPECULATORS_FOREIGN[kind]} checkpoint, not DFlash")
+            hint = ": use load_dspark" if kind == "dspark" else ""
+            raise ValueError(f"DFlash config field 'speculators_model_type': {kind!r} marks a {_SPECULATORS_FOREIGN[kind]} checkpoint, not DFlash{hint}")
         raise ValueError(f"DFlash config field 'speculators_model_type': expected 'dflash', got {kind!r}")
 
     def need(name: str) -> Any:
@@ -211,41 +244,101 @@ def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
     raise ValueError(f"DFlash checkpoint: no model.safetensors (or index) in {folder}")
 
 
-def load_dflash(
-    folder: str | os.PathLike,
-    *,
-    num_target_layers: int | None = None,
-    target_hidden_size: int | None = None,
-    dtype: torch.dtype | None = None,
-    device: str | torch.device = "cpu",
-) -> DFlashDraftModel:
-    """Build the draft model from a local z-lab or speculators style folder (told apart by config.json).
+# ----------------------------------------------------------------------------------------------------------
+# Target dimensions and layout detection
 
-    num_target_layers / target_hidden_size: the target's, to check the taps and the shared hidden size
-    against. dtype: cast to this (default: keep the checkpoint's).
-    """
-    folder = Path(folder)
-    raw = read_config_json(folder / "config.json")
-    speculators = is_speculators_config(raw)
-    if speculators:
-        config = speculators_config(raw, num_target_layers=num_target_layers)
-    else:
-        config = DFlashConfig.from_dict(raw, num_target_layers=num_target_layers)
-    shared = _SPECULATORS_SHARED if speculators else _SHARED
-    if target_hidden_size is not None and target_hidden_size != config.hidden_size:
-        raise ValueError(
-            f"DFlash config field 'hidden_size': {config.hidden_size} != target hidden size {target_hidden_size} "
-            "(the draft shares the target's embedding and LM head)"
-        )
-    tensors = read_safetensors(folder)
 
+@dataclasses.dataclass(frozen=True)
+class TargetDims:
+    """What the draft must agree with: the target's decoder layer count, hidden size and vocabulary."""
+
+    num_layers: int | None = None
+    hidden_size: int | None = None
+    vocab_size: int | None = None
+
+
+def target_dims(target_config: Any = None, *, num_target_layers: int | None = None,
+                target_hidden_size: int | None = None, target_vocab_size: int | None = None) -> TargetDims:
+    """Merge explicit target sizes with a target config (a transformers config or a plain dict; multimodal
+    configs are read through `get_text_config()`). An explicit value that contradicts the config is an error."""
+    explicit = {"num_hidden_layers": num_target_layers, "hidden_size": target_hidden_size, "vocab_size": target_vocab_size}
+    if target_config is not None:
+        cfg = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
+        for name, given in explicit.items():
+            value = cfg.get(name) if isinstance(cfg, Mapping) else getattr(cfg, name, None)
+            if given is not None and value is not None and given != value:
+                raise ValueError(f"DFlash target: explicit {name}={given} contradicts target_config.{name}={value}")
+            if given is None:
+                explicit[name] = value
+    return TargetDims(explicit["num_hidden_layers"], explicit["hidden_size"], explicit["vocab_size"])
+
+
+def is_deepspec_config(raw: Any) -> bool:
+    """DeepSpec's `Qwen3DSparkModel` layout: architectures say so, or DeepSpec's own top-level fields are
+    there without z-lab's `dflash_config` or speculators' markers."""
+    if not isinstance(raw, Mapping) or is_speculators_config(raw):
+        return False
+    archs = raw.get("architectures") or []
+    if any(isinstance(a, str) and a.endswith("DSparkModel") for a in archs):
+        return True
+    return "dflash_config" not in raw and ("num_anchors" in raw or "enable_confidence_head" in raw)
+
+
+def deepspec_has_heads(raw: Mapping[str, Any]) -> bool:
+    """A DeepSpec config with a Markov or confidence head (DSpark) rather than plain DFlash."""
+    rank = raw.get("markov_rank", 0)
+    return bool(raw.get("enable_confidence_head", False)) or (isinstance(rank, (int, float)) and rank > 0)
+
+
+def dspark_marker(raw: Any) -> str | None:
+    """One-line reason when config.json describes a DSpark checkpoint (any layout), else None."""
+    if not isinstance(raw, Mapping):
+        return None
+    if is_speculators_config(raw):
+        if raw.get("speculators_model_type") == "dspark":
+            return "DFlash config field 'speculators_model_type': 'dspark' marks a DSpark checkpoint, not DFlash: use load_dspark"
+        return None
+    if is_deepspec_config(raw):
+        if not deepspec_has_heads(raw):
+            return None  # a DeepSpec DFlash draft (markov_rank 0, no confidence head)
+        field = "markov_rank" if raw.get("markov_rank", 0) else "enable_confidence_head"
+        return f"DFlash config field '{field}': {raw[field]!r} marks a DSpark checkpoint, not DFlash: use load_deepspec_dspark"
+    dflash = raw.get("dflash_config") if isinstance(raw.get("dflash_config"), Mapping) else {}
+    for block in (dflash, raw):
+        for name in _DSPARK_KEYS:
+            if name in block:
+                return f"DFlash config field '{name}' marks a DSpark checkpoint, not DFlash: use load_dspark"
+        if block.get("projector_type") == "dspark":  # ModelOpt's DSparkExporter
+            return "DFlash config field 'projector_type': 'dspark' marks a DSpark checkpoint, not DFlash: use load_dspark"
+    return None
+
+
+def _check_tensor_kinds(tensors: Mapping[str, Tensor], *, deepspec: bool) -> None:
     for name in tensors:
         for marker, kind in _FOREIGN:
             if marker in name:
-                raise ValueError(f"DFlash checkpoint: tensor '{name}' marks a {kind} checkpoint, not DFlash")
+                hint = "" if kind != "DSpark" else ": use load_deepspec_dspark" if deepspec else ": use load_dspark"
+                raise ValueError(f"DFlash checkpoint: tensor '{name}' marks a {kind} checkpoint, not DFlash{hint}")
         if name in ("t2d", "d2t"):
             raise ValueError(f"DFlash checkpoint: tensor '{name}' marks a reduced draft vocabulary (not supported)")
 
+
+def _check_target(config: DFlashConfig, target: TargetDims) -> None:
+    if target.hidden_size is not None and target.hidden_size != config.hidden_size:
+        raise ValueError(
+            f"DFlash config field 'hidden_size': {config.hidden_size} != target hidden size {target.hidden_size} "
+            "(the draft shares the target's embedding and LM head)"
+        )
+    if target.vocab_size is not None and target.vocab_size != config.vocab_size:
+        raise ValueError(
+            f"DFlash config field 'vocab_size': draft checkpoint has {config.vocab_size}, target has {target.vocab_size} "
+            "(the draft embeds and predicts target token ids)"
+        )
+
+
+def _build_model(config: DFlashConfig, tensors: Mapping[str, Tensor], *, ignore: tuple[str, ...],
+                 dtype: torch.dtype | None, device: str | torch.device) -> DFlashDraftModel:
+    """DFlashDraftModel from z-lab-named backbone tensors; `ignore` lists names (without `model.`) to skip."""
     with torch.device("meta"):
         model = DFlashDraftModel(config)
     expected = model.state_dict()  # meta tensors: names and shapes only
@@ -253,7 +346,7 @@ def load_dflash(
     for name, tensor in tensors.items():
         ours = zlab_to_ours(name)
         if ours is None:
-            if name.removeprefix("model.") in shared:
+            if name.removeprefix("model.") in ignore:
                 continue
             raise ValueError(f"DFlash checkpoint: unexpected tensor '{name}'")
         if ours not in expected:  # e.g. layers.7.* in a 5-layer config, or a bias with attention_bias off
@@ -274,3 +367,164 @@ def load_dflash(
     # assign=True swaps the meta parameters for the loaded tensors: no second copy of the weights.
     model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in state.items()}, strict=True, assign=True)
     return model.eval()
+
+
+def load_dflash(
+    folder: str | os.PathLike,
+    *,
+    num_target_layers: int | None = None,
+    target_hidden_size: int | None = None,
+    target_vocab_size: int | None = None,
+    target_config: Any = None,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+) -> DFlashDraftModel:
+    """Build the draft model from a local z-lab or speculators style folder (told apart by config.json).
+
+    num_target_layers / target_hidden_size / target_vocab_size, or target_config (the target's transformers
+    config or its dict): the target's, to check the taps, the shared hidden size and the vocabulary against.
+    dtype: cast to this (default: keep the checkpoint's). DeepSpec folders are refused with a pointer to
+    `load_deepspec_dflash` (their rows predict the next token), DSpark folders with one to the DSpark loaders.
+    """
+    folder = Path(folder)
+    target = target_dims(target_config, num_target_layers=num_target_layers,
+                         target_hidden_size=target_hidden_size, target_vocab_size=target_vocab_size)
+    raw = read_config_json(folder / "config.json")
+    reason = dspark_marker(raw)
+    if reason is not None:
+        raise ValueError(reason)
+    if is_deepspec_config(raw):
+        raise ValueError(
+            "DFlash config field 'architectures': DeepSpec layout (Qwen3DSparkModel), whose rows predict the next "
+            "token rather than their own position: use load_deepspec_dflash and a DSpark drafter without Markov head"
+        )
+    speculators = is_speculators_config(raw)
+    if speculators:
+        config = speculators_config(raw, num_target_layers=target.num_layers)
+    else:
+        config = DFlashConfig.from_dict(raw, num_target_layers=target.num_layers)
+    _check_target(config, target)
+    tensors = read_safetensors(folder)
+    _check_tensor_kinds(tensors, deepspec=False)
+    return _build_model(config, tensors, ignore=_SPECULATORS_SHARED if speculators else _SHARED, dtype=dtype, device=device)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# DeepSpec layout
+
+
+def deepspec_config(raw: Mapping[str, Any], *, num_target_layers: int | None = None) -> DFlashConfig:
+    """DFlashConfig of the backbone of a DeepSpec `Qwen3DSparkModel` config.json (heads are the caller's)."""
+    archs = raw.get("architectures") or []
+    unsupported = [a for a in archs if a != "Qwen3DSparkModel"]
+    if unsupported:
+        raise ValueError(f"DFlash config field 'architectures': {unsupported[0]!r} is not supported (DeepSpec Qwen3 drafts only)")
+    for name in ("block_size", "target_layer_ids", "mask_token_id"):
+        if raw.get(name) is None:
+            raise ValueError(f"DFlash config: missing field '{name}' (DeepSpec format)")
+    taps = raw["target_layer_ids"]
+    if isinstance(taps, list) and -1 in taps:
+        raise ValueError("DFlash config field 'target_layer_ids': tap id -1 (DeepSpec's embedding output) is not supported")
+    layer_types = raw.get("layer_types")
+    if isinstance(layer_types, list) and SLIDING_ATTENTION in layer_types:
+        raise ValueError("DFlash config field 'layer_types': sliding-window layers are not supported in the DeepSpec format")
+    if raw.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"DFlash config field 'hidden_act': only 'silu' is supported, got {raw['hidden_act']!r}")
+
+    zlab_like = {k: v for k, v in raw.items() if k not in _DEEPSPEC_FIELDS}
+    for name in ("dflash_config", "use_sliding_window", "sliding_window", "input_embedding_scale",
+                 "output_multiplier", "final_logit_softcapping"):
+        zlab_like.pop(name, None)  # the target's values or z-lab meanings; DeepSpec's draft uses none of them
+    zlab_like["is_causal"] = False  # DeepSpec's block attends bidirectionally in every layer
+    return DFlashConfig.from_dict(zlab_like, num_target_layers=num_target_layers)
+
+
+@dataclasses.dataclass
+class DeepSpecDraft:
+    """A loaded DeepSpec checkpoint.
+
+    model: the backbone; its block is [anchor, mask * (block_size - 1)] and every row drafts the token after
+        its own position (drive it with DSparkDrafter / DSparkProposer, never DFlashDrafter).
+    embed_tokens / lm_head: the checkpoint's copies of the target's embedding and LM head, [vocab, hidden]
+        (checked against the target's sizes; None when absent or dropped with keep_embeddings=False).
+    head_tensors: the DSpark head tensors (`markov_head.*`, `confidence_head.*`) as saved; empty for DFlash.
+    raw_config: config.json as read.
+    """
+
+    model: DFlashDraftModel
+    embed_tokens: Tensor | None
+    lm_head: Tensor | None
+    head_tensors: dict[str, Tensor]
+    raw_config: dict[str, Any]
+
+
+def read_deepspec(
+    folder: str | os.PathLike,
+    *,
+    num_target_layers: int | None = None,
+    target_hidden_size: int | None = None,
+    target_vocab_size: int | None = None,
+    target_config: Any = None,
+    keep_embeddings: bool = True,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+) -> DeepSpecDraft:
+    """Backbone, embedding / head copies and raw head tensors of a DeepSpec folder (DFlash or DSpark)."""
+    folder = Path(folder)
+    target = target_dims(target_config, num_target_layers=num_target_layers,
+                         target_hidden_size=target_hidden_size, target_vocab_size=target_vocab_size)
+    raw = read_config_json(folder / "config.json")
+    if not isinstance(raw, Mapping):
+        raise ValueError("DFlash config: expected a JSON object")
+    if is_speculators_config(raw) or "dflash_config" in raw:
+        kind = "speculators" if is_speculators_config(raw) else "z-lab"
+        raise ValueError(f"DFlash config: this is a {kind} checkpoint, not DeepSpec: use load_dflash" +
+                         (" / load_dspark" if dspark_marker(raw) else ""))
+    config = deepspec_config(raw, num_target_layers=target.num_layers)
+    _check_target(config, target)
+    tensors = read_safetensors(folder)
+
+    backbone: dict[str, Tensor] = {}
+    heads: dict[str, Tensor] = {}
+    copies: dict[str, Tensor] = {}
+    for name, tensor in tensors.items():
+        short = name.removeprefix("model.")
+        if short.startswith(_DEEPSPEC_HEADS):
+            heads[short] = tensor
+        elif short in _SHARED:
+            copies[short] = tensor
+        elif short == "rotary_emb.inv_freq":
+            continue  # a derived buffer some exports persist
+        else:
+            backbone[name] = tensor
+    _check_tensor_kinds(backbone, deepspec=True)
+    expected = [config.vocab_size, config.hidden_size]
+    for name, tensor in copies.items():
+        if list(tensor.shape) != expected:
+            raise ValueError(
+                f"DFlash checkpoint: tensor '{name}' has shape {list(tensor.shape)}, expected {expected} "
+                "(the target's vocab_size x hidden_size)"
+            )
+    model = _build_model(config, backbone, ignore=(), dtype=dtype, device=device)
+    dtype = next(model.parameters()).dtype
+
+    def copy(name: str) -> Tensor | None:
+        t = copies.get(name)
+        return None if t is None or not keep_embeddings else t.to(device=device, dtype=dtype)
+
+    return DeepSpecDraft(model=model, embed_tokens=copy("embed_tokens.weight"), lm_head=copy("lm_head.weight"),
+                         head_tensors=heads, raw_config=dict(raw))
+
+
+def load_deepspec_dflash(folder: str | os.PathLike, **options: Any) -> DeepSpecDraft:
+    """A DeepSpec DFlash draft (`markov_rank: 0`, no confidence head): backbone plus the embedding / head
+    copies. Use it as `DSparkDrafter(d.model, embed, lm_head, markov=None)` with the copies or the target's.
+    options: those of `read_deepspec` (target sizes or config, keep_embeddings, dtype, device)."""
+    raw = read_config_json(Path(folder) / "config.json")
+    if isinstance(raw, Mapping) and is_deepspec_config(raw) and deepspec_has_heads(raw):
+        raise ValueError(dspark_marker(raw))
+    draft = read_deepspec(folder, **options)
+    if draft.head_tensors:
+        name = sorted(draft.head_tensors)[0]
+        raise ValueError(f"DFlash checkpoint: tensor '{name}' marks a DSpark checkpoint, not DFlash: use load_deepspec_dspark")
+    return draft

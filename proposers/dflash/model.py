@@ -53,37 +53,80 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + rotated * sin
 
 
+def grouped_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
+    """SDPA with grouped-query heads: q [b, H, n, hd], k/v [b, KV, L, hd], mask [n, L] or [b, 1, n, L] (True =
+    visible) or None. The H / KV query heads that share a KV head are stacked along the query axis, so K/V are
+    read as they are (no per-head copies of a long cache) and any SDPA backend runs it."""
+    b, h, n, hd = q.shape
+    kvh = k.shape[1]
+    group = h // kvh
+    q = q.reshape(b, kvh, group * n, hd)
+    if mask is not None:  # the same rows for every head of a group
+        mask = mask.repeat(*([1] * (mask.dim() - 2)), group, 1)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    return out.reshape(b, h, n, hd)
+
+
 class DraftKVCache:
     """Context K/V per draft layer, [batch, kv_heads, length, head_dim], RoPE already applied.
 
     Positions are implicit: entry j holds position j, so `length` is also the position of the next context
-    token. The cache only ever grows by committed (or about-to-be-trimmed) context, never by block tokens.
+    token. The committed length only ever grows by context, never by block tokens: a block's K/V are
+    written past the end for one forward (`append(..., commit=c)`) and left there. Storage is preallocated
+    and grows by doubling, so a step copies only its new rows, not the whole cache.
     """
 
     def __init__(self, num_layers: int) -> None:
-        self.keys: list[Tensor | None] = [None] * num_layers
-        self.values: list[Tensor | None] = [None] * num_layers
+        self._k: list[Tensor | None] = [None] * num_layers
+        self._v: list[Tensor | None] = [None] * num_layers
+        self._len = [0] * num_layers
 
     @property
     def length(self) -> int:
-        k = self.keys[0]
-        return 0 if k is None else k.shape[2]
+        return self._len[0]
 
-    def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        if self.keys[layer] is not None:
-            k = torch.cat([self.keys[layer], k], dim=2)
-            v = torch.cat([self.values[layer], v], dim=2)
-        self.keys[layer], self.values[layer] = k, v
-        return k, v
+    @property
+    def keys(self) -> list[Tensor | None]:
+        return [None if k is None else k[:, :, :n] for k, n in zip(self._k, self._len)]
+
+    @property
+    def values(self) -> list[Tensor | None]:
+        return [None if v is None else v[:, :, :n] for v, n in zip(self._v, self._len)]
+
+    def _room(self, layer: int, like: Tensor, needed: int) -> None:
+        k = self._k[layer]
+        if k is not None and k.shape[2] >= needed:
+            return
+        capacity = max(needed, 64, 0 if k is None else 2 * k.shape[2])
+        shape = (*like.shape[:2], capacity, like.shape[3])
+        new_k, new_v = like.new_empty(shape), like.new_empty(shape)
+        n = self._len[layer]
+        if k is not None:
+            new_k[:, :, :n] = k[:, :, :n]
+            new_v[:, :, :n] = self._v[layer][:, :, :n]
+        self._k[layer], self._v[layer] = new_k, new_v
+
+    def _write(self, layer: int, k: Tensor, v: Tensor) -> int:
+        n = self._len[layer]
+        end = n + k.shape[2]
+        self._room(layer, k, end)
+        self._k[layer][:, :, n:end] = k
+        self._v[layer][:, :, n:end] = v
+        return end
+
+    def append(self, layer: int, k: Tensor, v: Tensor, commit: int | None = None) -> tuple[Tensor, Tensor]:
+        """Write K/V rows after the committed context and commit the first `commit` of them (default: all);
+        returns the layer's K/V up to the last row written. Rows past the commit (a block's) stay readable
+        for this forward only: the next write goes over them."""
+        end = self._write(layer, k, v)
+        self._len[layer] += k.shape[2] if commit is None else commit
+        return self._k[layer][:, :, :end], self._v[layer][:, :, :end]
 
     def trim(self, length: int) -> None:
         """Drop context beyond `length` (e.g. features of rows the target rejected)."""
         if not 0 <= length <= self.length:
             raise ValueError(f"DraftKVCache.trim: length {length} outside [0, {self.length}]")
-        for i, k in enumerate(self.keys):
-            if k is not None:
-                self.keys[i] = k[:, :, :length]
-                self.values[i] = self.values[i][:, :, :length]
+        self._len = [min(n, length) for n in self._len]
 
 
 class Attention(nn.Module):
@@ -116,22 +159,19 @@ class Attention(nn.Module):
         positions. They depend on the committed features only, never on the block, hence cacheable."""
         return self._kv(context, cos, sin)
 
-    def forward(self, x: Tensor, ctx_k: Tensor, ctx_v: Tensor, rope_block) -> Tensor:
-        """x: normed block [b, n, d]; ctx_k/ctx_v: all visible context K/V (cached + new)."""
+    def forward(self, x: Tensor, context: Tensor, rope, cache: DraftKVCache | None = None) -> Tensor:
+        """x: normed block [b, n, d]; context: the fused features of the new context positions [b, c, d], which
+        come right after what `cache` holds (all context when there is no cache); rope: cos/sin for the
+        c + n positions. Context and block K/V come out of one projection (the weights are read once);
+        the context rows are committed to the cache, the block rows are not."""
         b, n, _ = x.shape
-        blk_k, blk_v = self._kv(x, *rope_block)
-        k = torch.cat([ctx_k, blk_k], dim=2)
-        v = torch.cat([ctx_v, blk_v], dim=2)
-
+        c = context.shape[1]
+        k, v = self._kv(torch.cat([context, x], dim=1), *rope)
+        if cache is not None:
+            k, v = cache.append(self.layer, k, v, commit=c)
         q = self.q_norm(self.wq(x).view(b, n, self.n_heads, self.head_dim)).transpose(1, 2)
-        q = apply_rope(q, *rope_block)
-
-        # GQA: query head h reads kv head h // group.
-        group = self.n_heads // self.n_kv_heads
-        k = k.repeat_interleave(group, dim=1)
-        v = v.repeat_interleave(group, dim=1)
-        mask = self._mask(n, k.shape[2], x.device)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim**-0.5)
+        q = apply_rope(q, rope[0][c:], rope[1][c:])
+        out = grouped_attention(q, k, v, self._mask(n, k.shape[2], x.device), self.head_dim**-0.5)
         return self.wo(out.transpose(1, 2).reshape(b, n, -1))
 
     def _mask(self, q_len: int, kv_len: int, device) -> Tensor | None:
@@ -173,9 +213,9 @@ class DraftLayer(nn.Module):
         self.ffn_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.feed_forward = FeedForward(config)
 
-    def forward(self, x: Tensor, ctx_k: Tensor, ctx_v: Tensor, rope_block) -> Tensor:
+    def forward(self, x: Tensor, context: Tensor, rope, cache: DraftKVCache | None = None) -> Tensor:
         # Only the block goes through attention_norm: the context was normalised once, by hidden_norm.
-        x = x + self.attention(self.attention_norm(x), ctx_k, ctx_v, rope_block)
+        x = x + self.attention(self.attention_norm(x), context, rope, cache)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -226,23 +266,21 @@ class DFlashDraftModel(nn.Module):
         cache: context K/V of earlier positions; the new context is appended to it (block K/V are not).
         Returns the final-normed hidden states of the block, [batch, B, hidden]; rows 1.. carry the drafts.
         """
-        if cache is None:
-            ctx = self._context_kv(context_taps, 0)
-        else:
-            self.extend_cache(context_taps, cache)
-            ctx = list(zip(cache.keys, cache.values))
-        start = ctx[0][0].shape[2]  # the block follows all context
-        positions = torch.arange(start, start + block_embeds.shape[1], device=block_embeds.device)
-        rope_block = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, block_embeds.dtype)
+        context = self.hidden_norm(self.fc(context_taps))
+        start = 0 if cache is None else cache.length
+        positions = torch.arange(start, start + context.shape[1] + block_embeds.shape[1], device=block_embeds.device)
+        rope = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, block_embeds.dtype)
 
         x = block_embeds
-        for layer, (k, v) in zip(self.layers, ctx):
-            x = layer(x, k, v, rope_block)
+        for layer in self.layers:
+            x = layer(x, context, rope, cache)
         return self.norm(x)
 
     def logits(self, hidden: Tensor, lm_head_weight: Tensor) -> Tensor:
         """The target's (shared) LM head, plus the optional output multiplier and final soft-capping."""
-        logits = F.linear(hidden, lm_head_weight) * self.config.output_multiplier
+        logits = F.linear(hidden, lm_head_weight)
+        if self.config.output_multiplier != 1.0:  # a full-vocabulary pass; skip it when it changes nothing
+            logits = logits * self.config.output_multiplier
         cap = self.config.final_logit_softcapping
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap

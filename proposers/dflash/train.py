@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from spec_plugins.proposers.dflash.model import DFlashDraftModel, apply_rope, rope_cos_sin, select_taps
+from spec_plugins.proposers.dflash.model import DFlashDraftModel, apply_rope, grouped_attention, rope_cos_sin, select_taps
 
 # ----------------------------------------------------------------------------------------------- data
 
@@ -235,10 +235,8 @@ def training_forward(model: DFlashDraftModel, taps: Tensor, block_embeds: Tensor
         blk_k, blk_v = attn.context_kv(h, *rope_block)
         q = attn.q_norm(attn.wq(h).view(b, n * B, attn.n_heads, attn.head_dim)).transpose(1, 2)
         q = apply_rope(q, *rope_block)
-        group = attn.n_heads // attn.n_kv_heads
-        k = torch.cat([ctx_k, blk_k], dim=2).repeat_interleave(group, dim=1)
-        v = torch.cat([ctx_v, blk_v], dim=2).repeat_interleave(group, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=masks[attn.causal], scale=attn.head_dim**-0.5)
+        k, v = torch.cat([ctx_k, blk_k], dim=2), torch.cat([ctx_v, blk_v], dim=2)
+        out = grouped_attention(q, k, v, masks[attn.causal], attn.head_dim**-0.5)
         x = x + attn.wo(out.transpose(1, 2).reshape(b, n * B, -1))
         x = x + layer.feed_forward(layer.ffn_norm(x))
     return model.norm(x)

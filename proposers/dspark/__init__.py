@@ -12,9 +12,12 @@ from spec_plugins.proposers.dspark.heads import (
     prefix_survival,
     teacher_forced,
 )
+from spec_plugins.proposers.dspark.deepspec import load_deepspec_dspark
+from spec_plugins.proposers.dspark.loader import load_dspark
 from spec_plugins.proposers.dspark.proposer import DSparkProposer
 
 __all__ = [
     "MARKOV_HEAD_TYPES", "ConfidenceHead", "DSparkDrafter", "DSparkProposer", "MarkovHead", "SequentialTemperatureScaling",
-    "WalkResult", "expected_calibration_error", "markov_walk", "prefix_survival", "teacher_forced",
+    "WalkResult", "expected_calibration_error", "load_deepspec_dspark", "load_dspark", "markov_walk", "prefix_survival",
+    "teacher_forced",
 ]
