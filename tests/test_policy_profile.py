@@ -223,3 +223,20 @@ def test_decode_steps_are_the_full_batch_steps_less_first_and_last():
     assert _decode_steps(run, 2) == [1.0, 1.1, 1.2]
     short = RunResult(token_ids=[], texts=[], seconds=1.0, output_tokens=2, step_seconds=[3.0, 1.0])
     assert _decode_steps(short, 1) == []
+
+
+def test_per_request_share_is_taken_out_of_the_token_curve():
+    # Step = 1 ms per token + 0.5 ms per request (its KV read): cells with equal tokens and different
+    # batches tell the two apart, and the fitted cost reproduces every cell and scales with context.
+    cells = [(b, d) for b in (1, 2, 4, 8) for d in (0, 1, 3, 7)]
+    grid = profile([point(b, d, 1.0 * b * (1 + d) + 0.5 * b) for b, d in cells])
+    cost = MeasuredCost(grid, draft_us_per_request=0)
+    assert cost.per_request_s == pytest.approx(0.5e-3)
+    for b, d in cells:
+        assert cost.step_time([d] * b, [256] * b) == pytest.approx((b * (1 + d) + 0.5 * b) / 1e3)
+    assert cost.attention_time(0, 512) == pytest.approx(1e-3)  # twice the profiled context: twice the read
+    assert cost.step_time([3, 0], [256, 256]) == pytest.approx((5 + 1.0) / 1e3)  # mixed lengths: 5 tokens, 2 requests
+
+
+def test_bigger_batches_cheaper_per_token_mean_no_per_request_share():
+    assert MeasuredCost(GRID).per_request_s == 0.0  # GRID: 2 requests at 2 tokens run faster than 1 at 2

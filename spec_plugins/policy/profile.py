@@ -169,8 +169,32 @@ def profile_path(name_or_path: str) -> str:
     return str(path)
 
 
+def per_request_seconds(points: Sequence[dict]) -> float:
+    """What one more request costs a step at the same token count (its KV-cache read), in seconds.
+
+    Cells with equal tokens but different batches (B = 16, D = 15 against B = 256, D = 0) differ by the
+    requests' attention, which grows with the number of contexts read, not with the tokens verified.
+    The median over token counts of the least-squares slope of step time against batch; 0 when the
+    profile has no such cells or the slope is not positive (on a CPU, bigger batches can be cheaper
+    per token).
+    """
+    by_tokens: dict[int, list[tuple[int, float]]] = defaultdict(list)
+    for p in points:
+        by_tokens[p["tokens"]].append((p["batch"], p["step_ms"] / 1e3))
+    slopes = []
+    for cells in by_tokens.values():
+        if len({b for b, _ in cells}) > 1:
+            b, t = np.array(cells, dtype=np.float64).T
+            slopes.append(float(np.polyfit(b, t, 1)[0]))
+    return max(0.0, statistics.median(slopes)) if slopes else 0.0
+
+
 class MeasuredCost:
-    """Step cost read off a measured profile (seconds), with the allocator's `StepCost` interface."""
+    """Step cost read off a measured profile (seconds), with the allocator's `StepCost` interface.
+
+    step time = linear_time(tokens) + Σ attention_time: the per-request part (`per_request_seconds`) is
+    taken out of every measured cell before the token curve is built, and charged per request again.
+    """
 
     class Options(pydantic.BaseModel):
         model_config = pydantic.ConfigDict(extra="forbid")
@@ -190,9 +214,11 @@ class MeasuredCost:
         self.draft_us_per_request = opts.draft_us_per_request
         # The fixed part of a step (scheduling, launches, sampling) is inside every measured time.
         self.overhead_s = 0.0
+        self.context_len = int(self.profile["context_len"])
+        self.per_request_s = per_request_seconds(self.profile["points"])
         by_tokens: dict[int, list[float]] = defaultdict(list)
         for p in self.profile["points"]:
-            by_tokens[p["tokens"]].append(p["step_ms"] / 1e3)
+            by_tokens[p["tokens"]].append(p["step_ms"] / 1e3 - self.per_request_s * p["batch"])
         self.tokens = np.array(sorted(by_tokens), dtype=np.float64)
         medians = np.array([statistics.median(by_tokens[t]) for t in sorted(by_tokens)])
         # Verifying more tokens never makes a step cheaper; a dip between two points is measurement
@@ -219,9 +245,8 @@ class MeasuredCost:
         return t
 
     def attention_time(self, draft_len: int, context_len: int) -> float:
-        # Attention at the profiled context length is inside the measured step times; the profile
-        # does not vary the context, so its dependence on context length is not modelled here.
-        return 0.0
+        """Per-request share of a step (reading its KV cache), scaled from the profiled context length."""
+        return self.per_request_s * context_len / self.context_len
 
     def draft_time(self, draft_lens: Sequence[int]) -> float:
         return self.draft_us_per_request * 1e-6 * sum(1 for d in draft_lens if d > 0)
