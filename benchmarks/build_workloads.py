@@ -271,9 +271,11 @@ def _signature_and_docstring(func) -> str | None:
     return "".join(lines[: doc.end_lineno])
 
 
-def completion_prompts() -> list[dict]:
+def completion_prompts(modules: list[str] = COMPLETION_MODULES, per_module: int = COMPLETIONS_PER_MODULE,
+                       total: int | None = COMPLETIONS_TOTAL) -> list[dict]:
+    """'Complete this function' prompts: signature + docstring of the first public functions of `modules`."""
     out = []
-    for mod_name in COMPLETION_MODULES:
+    for mod_name in modules:
         mod = importlib.import_module(mod_name)
         taken = 0
         for name in sorted(vars(mod)):
@@ -291,9 +293,9 @@ def completion_prompts() -> list[dict]:
                            "python": ".".join(map(str, sys.version_info[:3]))},
             })
             taken += 1
-            if taken == COMPLETIONS_PER_MODULE:
+            if taken == per_module:
                 break
-    return out[:COMPLETIONS_TOTAL]
+    return out[:total]
 
 
 def generate(rows: list[dict]) -> list[dict]:

@@ -58,6 +58,9 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
                    help="dspark confidence target: 1 - TV (default) or greedy match")
     p.add_argument("--mask-token-id", type=int, help="default: the tokenizer's mask token, an unused embedding row, or unk/pad")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N")
+    p.add_argument("--cache-features", action="store_true",
+                   help="run the target once over all data up front and train on its cached features "
+                        "((taps + 1) x hidden floats per token of memory; much faster over several epochs)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-rows", type=int, help="use at most this many data rows")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -234,7 +237,8 @@ def cmd_train_drafter(args: argparse.Namespace) -> dict:
                                     confidence_label=args.confidence_label, label_source=args.labels)
 
     settings = TrainSettings(steps=args.steps, batch_size=args.batch_size, num_anchors=args.anchors, lr=args.lr,
-                             schedule=args.schedule, seed=args.seed, device=str(device), bf16=bf16, progress=not args.quiet)
+                             schedule=args.schedule, seed=args.seed, device=str(device), bf16=bf16,
+                             cache_features=args.cache_features, progress=not args.quiet)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     result = train(objective, target, examples, taps, settings, pad_id=pad)
 

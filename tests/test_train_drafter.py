@@ -114,6 +114,17 @@ def dspark_run(target_dir, data_file, tmp_path_factory):
     return out, log
 
 
+@pytest.mark.parametrize("kind, extra", [("dflash", ("--block-size", 6, "--taps", "0,2")),
+                                         ("dspark", ("--block-size", 5, "--markov-head", "gated", "--markov-rank", 8))])
+def test_cached_features_train_exactly_like_live_ones(kind, extra, target_dir, data_file, tmp_path):
+    # Same seed, same rows and anchors: the cache only moves when the target runs, not what it computes.
+    args = ("--target", target_dir, "--kind", kind, "--data", data_file, *extra, *COMMON[:1], 6, *COMMON[2:])
+    live = run_cli(*args, "--out", tmp_path / "live")
+    cached = run_cli(*args, "--out", tmp_path / "cached", "--cache-features")
+    assert len(live["losses"]) == 6
+    assert cached["losses"] == pytest.approx(live["losses"], rel=1e-5, abs=1e-6)
+
+
 # ------------------------------------------------------------------------------------------ training forward
 
 

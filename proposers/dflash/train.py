@@ -109,6 +109,41 @@ def extract_features(target: Any, batch: Batch, taps: Sequence[int]) -> TargetFe
 
 
 @torch.no_grad()
+def cache_features(target: Any, examples: Sequence[Example], taps: Sequence[int], *, device: str | torch.device = "cpu",
+                   batch_size: int = 8, pad_id: int = 0, progress: bool = True) -> list[TargetFeatures]:
+    """Every example's target features, computed once and kept on the CPU ([T, ...] per example).
+
+    The target is frozen, so its features never change: caching them turns each later step into a draft-only
+    step (on a CPU the target's forward is nearly all of a step). Costs (num_taps + 1) * hidden floats per
+    token of memory. Examples of similar length run together to waste little on padding; right padding
+    leaves a causal target's features of the real tokens unchanged."""
+    from tqdm.auto import tqdm
+
+    order = sorted(range(len(examples)), key=lambda i: len(examples[i].ids))
+    cached: list[TargetFeatures | None] = [None] * len(examples)
+    for start in tqdm(range(0, len(order), batch_size), desc="target features", disable=not progress, dynamic_ncols=True):
+        rows = order[start:start + batch_size]
+        features = extract_features(target, collate([examples[i] for i in rows], pad_id).to(device), taps)
+        for j, i in enumerate(rows):
+            n = len(examples[i].ids)
+            cached[i] = TargetFeatures(features.taps[j, :n].cpu(), features.last_hidden[j, :n].cpu())
+    return cached
+
+
+def collate_features(features: Sequence[TargetFeatures], device: str | torch.device) -> TargetFeatures:
+    """Cached per-example features padded to one batch (zeros past each example's end, as `collate` pads ids)."""
+    length = max(f.taps.shape[0] for f in features)
+
+    def stack(parts: list[Tensor]) -> Tensor:
+        out = parts[0].new_zeros(len(parts), length, parts[0].shape[-1])
+        for i, part in enumerate(parts):
+            out[i, : part.shape[0]] = part
+        return out.to(device)
+
+    return TargetFeatures(stack([f.taps for f in features]), stack([f.last_hidden for f in features]))
+
+
+@torch.no_grad()
 def target_logits_at(target: Any, features: TargetFeatures, positions: Tensor) -> Tensor:
     """Target logits predicting the tokens at `positions` [b, ...] (>= 1): the LM head at positions - 1."""
     b, d = features.last_hidden.shape[0], features.last_hidden.shape[-1]
@@ -312,6 +347,7 @@ class TrainSettings:
     seed: int = 0
     device: str = "cpu"
     bf16: bool = False          # autocast the draft in bf16 (CUDA)
+    cache_features: bool = False  # run the target once over all examples up front (see cache_features)
     progress: bool = True
 
 
@@ -355,13 +391,20 @@ def train(objective: Objective, target: Any, examples: Sequence[Example], taps: 
     device = torch.device(settings.device)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=settings.bf16)
 
+    cached = None
+    if settings.cache_features:
+        cached = cache_features(target, examples, taps, device=device, batch_size=settings.batch_size, pad_id=pad_id,
+                                progress=settings.progress)
     losses, metrics = [], []
     start = time.perf_counter()
     bar = tqdm(range(settings.steps), desc=f"train {objective.kind}", disable=not settings.progress, dynamic_ncols=True)
     for step in bar:
         rows = torch.randint(len(examples), (settings.batch_size,), generator=generator).tolist()
         batch = collate([examples[i] for i in rows], pad_id).to(device)
-        features = extract_features(target, batch, taps)
+        if cached is None:
+            features = extract_features(target, batch, taps)
+        else:
+            features = collate_features([cached[i] for i in rows], device)
         anchors, anchor_valid = sample_anchors(batch.loss_mask, settings.num_anchors, generator)
         blocks = make_blocks(batch, anchors, anchor_valid, block_size=config.block_size,
                              mask_token_id=config.mask_token_id, anchor_predicts_next=objective.anchor_predicts_next)
