@@ -147,9 +147,10 @@ def test_step_time_and_draft_time():
     assert cost.attention_time(3, 100_000) == 0.0  # inside the measured step times
     assert cost.draft_time([0, 0]) == 0.0
     assert cost.draft_time([1, 0, 5]) == pytest.approx(10e-6)
-    # rows = (1 + 0) + (1 + 3) = 5: a quarter of the way from 4 (20 ms) to 8 (30 ms), one drafting request.
-    assert cost.step_time([0, 3], [256, 256]) == pytest.approx(22.5e-3 + 5e-6)
-    assert MeasuredCost(GRID, draft_us_per_request=0).step_time([0, 3], [1, 1]) == pytest.approx(22.5e-3)
+    # 2 requests, rows (1 + 0) + (1 + 3) = 5: mean draft 1.5 on the batch-2 curve (D=0 12 ms, D=1 18 ms),
+    # past its last point at its slope: 21 ms; one drafting request.
+    assert cost.step_time([0, 3], [256, 256]) == pytest.approx(21e-3 + 5e-6)
+    assert MeasuredCost(GRID, draft_us_per_request=0).step_time([0, 3], [1, 1]) == pytest.approx(21e-3)
     with pytest.raises(ValueError, match=r"step_time: 2 draft lengths for 1 context lengths"):
         cost.step_time([0, 3], [256])
     with pytest.raises(ValueError, match=r"MeasuredCost.draft_us_per_request: Input should be greater than or eq"):
@@ -158,10 +159,10 @@ def test_step_time_and_draft_time():
 
 def test_speedup_for_uniform_lengths():
     cost = MeasuredCost(GRID)
-    # T_verif(2) = 13 ms; T_verif(2 * (1 + 1)) = 20 ms; T_draft = 2 requests * 5 us.
-    assert cost.speedup(2, 1, 1.5, 256) == pytest.approx(13e-3 * 1.5 / (20e-3 + 10e-6))
-    # T_verif(1) = 10 ms; T_verif(1 * 4) = 20 ms; T_draft = 5 us.
-    assert cost.speedup(1, 3, 2.5, 256) == pytest.approx(10e-3 * 2.5 / (20e-3 + 5e-6))
+    # Batch 2: D=0 12 ms, D=1 18 ms; T_draft = 2 requests * 5 us.
+    assert cost.speedup(2, 1, 1.5, 256) == pytest.approx(12e-3 * 1.5 / (18e-3 + 10e-6))
+    # Batch 1: D=0 10 ms, D=3 25 ms; T_draft = 5 us.
+    assert cost.speedup(1, 3, 2.5, 256) == pytest.approx(10e-3 * 2.5 / (25e-3 + 5e-6))
     assert cost.speedup(4, 0, 1.0, 256) == pytest.approx(1.0)  # no drafting, no cost, no gain
     for args, message in [((0, 1, 1.5, 1), "speedup.batch: expected an integer >= 1, got 0"),
                           ((1, -1, 1.5, 1), "speedup.draft_len: expected an integer >= 0, got -1"),
@@ -225,18 +226,27 @@ def test_decode_steps_are_the_full_batch_steps_less_first_and_last():
     assert _decode_steps(short, 1) == []
 
 
-def test_per_request_share_is_taken_out_of_the_token_curve():
-    # Step = 1 ms per token + 0.5 ms per request (its KV read): cells with equal tokens and different
-    # batches tell the two apart, and the fitted cost reproduces every cell and scales with context.
-    cells = [(b, d) for b in (1, 2, 4, 8) for d in (0, 1, 3, 7)]
-    grid = profile([point(b, d, 1.0 * b * (1 + d) + 0.5 * b) for b, d in cells])
-    cost = MeasuredCost(grid, draft_us_per_request=0)
-    assert cost.per_request_s == pytest.approx(0.5e-3)
-    for b, d in cells:
-        assert cost.step_time([d] * b, [256] * b) == pytest.approx((b * (1 + d) + 0.5 * b) / 1e3)
-    assert cost.attention_time(0, 512) == pytest.approx(1e-3)  # twice the profiled context: twice the read
-    assert cost.step_time([3, 0], [256, 256]) == pytest.approx((5 + 1.0) / 1e3)  # mixed lengths: 5 tokens, 2 requests
+# Batch 1: D = 0, 1, 3 -> 10, 14, 25 ms; batch 2: D = 0, 1 -> 12, 18 ms; batch 4: 20 ms; batch 8: 30 ms.
+@pytest.mark.parametrize(
+    "batch, rows, ms",
+    [
+        (1, 1, 10.0),
+        (1, 3, 19.5),   # D = 2: halfway from 14 to 25
+        (1, 6, 36.0),   # D = 5: past the last point (D = 3) at its slope, 5.5 ms per draft token
+        (2, 3, 15.0),   # D = 0.5 on the batch-2 curve
+        (3, 3, 16.0),   # D = 0: halfway from batch 2 (12) to batch 4 (20)
+        (6, 6, 25.0),   # D = 0: halfway from batch 4 to batch 8
+        (16, 16, 50.0), # beyond the largest batch: the 4 -> 8 trend, 2.5 ms per request
+        (1, 0.5, 10.0), # below the first draft point: flat
+    ],
+)
+def test_batch_time_reads_the_batch_by_draft_grid(batch, rows, ms):
+    assert MeasuredCost(GRID).batch_time(batch, rows) == pytest.approx(ms / 1e3)
 
 
-def test_bigger_batches_cheaper_per_token_mean_no_per_request_share():
-    assert MeasuredCost(GRID).per_request_s == 0.0  # GRID: 2 requests at 2 tokens run faster than 1 at 2
+def test_equal_tokens_cost_what_their_batch_measured():
+    # 4 tokens: 1 request with 3 drafts (25 ms) and 4 requests without (20 ms) are different steps.
+    cost = MeasuredCost(GRID, draft_us_per_request=0)
+    assert cost.step_time([3], [256]) == pytest.approx(25e-3)
+    assert cost.step_time([0, 0, 0, 0], [256] * 4) == pytest.approx(20e-3)
+    assert cost.step_time([], []) == 0.0

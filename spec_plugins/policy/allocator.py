@@ -26,6 +26,10 @@ import numpy as np
 
 
 class StepCost(Protocol):
+    """What the allocator costs a step with. A cost model may also have `batch_time(batch, rows)`, the
+    verification time of `batch` requests and `rows` tokens in all; then that replaces linear_time plus the
+    requests' attention_time (a measured profile knows it directly)."""
+
     overhead_s: float
 
     def linear_time(self, rows: int) -> float: ...
@@ -88,7 +92,14 @@ def allocate(
     def objective(tau: float, time: float) -> float:
         return tau / time if rate is None else tau - rate * time
 
-    best = objective(tau, sunk + cost.linear_time(rows) + attn_total)
+    # A measured profile knows the step time of n requests verifying `rows` tokens directly (its grid has
+    # a batch axis); a model costs the tokens and each request's attention apart.
+    batch_time = getattr(cost, "batch_time", None)
+
+    def verify_time(rows: int, attn_total: float) -> float:
+        return batch_time(n, rows) if batch_time is not None else cost.linear_time(rows) + attn_total
+
+    best = objective(tau, sunk + verify_time(rows, attn_total))
     best_k = 0
     if budget is not None:
         cands = cands[:budget]
@@ -98,7 +109,7 @@ def allocate(
         attn_total += new_attn - attn[r]
         attn[r] = new_attn
         tau += -neg_a
-        theta = objective(tau, sunk + cost.linear_time(rows) + attn_total)
+        theta = objective(tau, sunk + verify_time(rows, attn_total))
         if search == "greedy":
             if theta <= best:
                 break

@@ -169,31 +169,26 @@ def profile_path(name_or_path: str) -> str:
     return str(path)
 
 
-def per_request_seconds(points: Sequence[dict]) -> float:
-    """What one more request costs a step at the same token count (its KV-cache read), in seconds.
-
-    Cells with equal tokens but different batches (B = 16, D = 15 against B = 256, D = 0) differ by the
-    requests' attention, which grows with the number of contexts read, not with the tokens verified.
-    The median over token counts of the least-squares slope of step time against batch; 0 when the
-    profile has no such cells or the slope is not positive (on a CPU, bigger batches can be cheaper
-    per token).
-    """
-    by_tokens: dict[int, list[tuple[int, float]]] = defaultdict(list)
-    for p in points:
-        by_tokens[p["tokens"]].append((p["batch"], p["step_ms"] / 1e3))
-    slopes = []
-    for cells in by_tokens.values():
-        if len({b for b, _ in cells}) > 1:
-            b, t = np.array(cells, dtype=np.float64).T
-            slopes.append(float(np.polyfit(b, t, 1)[0]))
-    return max(0.0, statistics.median(slopes)) if slopes else 0.0
+def _curve_at(xs: np.ndarray, ys: np.ndarray, x: float) -> float:
+    """Piecewise-linear through (xs, ys); flat below the first point, the last slope (never negative) beyond."""
+    if x <= xs[0] or len(xs) == 1:
+        return float(ys[0]) if x <= xs[0] else float(ys[-1])
+    if x >= xs[-1]:
+        slope = max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
+        return float(ys[-1] + slope * (x - xs[-1]))
+    return float(np.interp(x, xs, ys))
 
 
 class MeasuredCost:
     """Step cost read off a measured profile (seconds), with the allocator's `StepCost` interface.
 
-    step time = linear_time(tokens) + Σ attention_time: the per-request part (`per_request_seconds`) is
-    taken out of every measured cell before the token curve is built, and charged per request again.
+    A step of B requests verifying `rows` tokens costs `batch_time(B, rows)`: the profile's (batch, draft)
+    grid read at the mean draft rows / B - 1, interpolated between the measured batch sizes. Both axes
+    matter: 256 tokens as B = 256, D = 0 read 256 KV caches, as B = 16, D = 15 only 16 (18.5 ms against
+    9.3 ms on the H200 profile), and on a CPU a bigger batch can be cheaper per token. Attention at the
+    profiled context length is inside the measured times; the profile does not vary the context, so its
+    dependence on context length is not modelled. `linear_time(rows)` (medians by token count, for callers
+    that do not know the batch) remains.
     """
 
     class Options(pydantic.BaseModel):
@@ -214,17 +209,50 @@ class MeasuredCost:
         self.draft_us_per_request = opts.draft_us_per_request
         # The fixed part of a step (scheduling, launches, sampling) is inside every measured time.
         self.overhead_s = 0.0
-        self.context_len = int(self.profile["context_len"])
-        self.per_request_s = per_request_seconds(self.profile["points"])
         by_tokens: dict[int, list[float]] = defaultdict(list)
+        by_cell: dict[int, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
         for p in self.profile["points"]:
-            by_tokens[p["tokens"]].append(p["step_ms"] / 1e3 - self.per_request_s * p["batch"])
+            by_tokens[p["tokens"]].append(p["step_ms"] / 1e3)
+            by_cell[p["batch"]][p["draft"]].append(p["step_ms"] / 1e3)
         self.tokens = np.array(sorted(by_tokens), dtype=np.float64)
         medians = np.array([statistics.median(by_tokens[t]) for t in sorted(by_tokens)])
         # Verifying more tokens never makes a step cheaper; a dip between two points is measurement
         # noise, and an allocator searching for the best length would chase it. Keep the running max.
         self.seconds = np.maximum.accumulate(medians)
         self._cache: dict[float, float] = {}
+        # Per measured batch size: step seconds against draft length, made non-decreasing likewise.
+        self.batches = sorted(by_cell)
+        self._by_batch = {}
+        for b in self.batches:
+            drafts = sorted(by_cell[b])
+            secs = [statistics.median(by_cell[b][d]) for d in drafts]
+            self._by_batch[b] = (np.array(drafts, dtype=np.float64), np.maximum.accumulate(np.array(secs)))
+        self._batch_cache: dict[tuple[int, float], float] = {}
+
+    def batch_time(self, batch: int, rows: float) -> float:
+        """Step time (s) of `batch` requests verifying `rows` tokens in all (drafting excluded)."""
+        key = (batch, rows)
+        hit = self._batch_cache.get(key)
+        if hit is not None:
+            return hit
+        draft = rows / batch - 1.0
+        bs = self.batches
+
+        def at(b: int) -> float:
+            return _curve_at(*self._by_batch[b], draft)
+
+        if batch <= bs[0] or len(bs) == 1:
+            t = at(bs[0]) if batch <= bs[0] else at(bs[-1])
+        elif batch >= bs[-1]:  # more requests than measured: extend the last two batch sizes' trend
+            lo, hi = at(bs[-2]), at(bs[-1])
+            t = hi + max(0.0, (hi - lo) / (bs[-1] - bs[-2])) * (batch - bs[-1])
+        else:
+            i = int(np.searchsorted(bs, batch))
+            b0, b1 = bs[i - 1], bs[i]
+            w = (batch - b0) / (b1 - b0)
+            t = (1 - w) * at(b0) + w * at(b1)
+        self._batch_cache[key] = t
+        return t
 
     def linear_time(self, rows: float) -> float:
         """Step time (s) at `rows` tokens per step: interpolated between measured token counts."""
@@ -245,8 +273,7 @@ class MeasuredCost:
         return t
 
     def attention_time(self, draft_len: int, context_len: int) -> float:
-        """Per-request share of a step (reading its KV cache), scaled from the profiled context length."""
-        return self.per_request_s * context_len / self.context_len
+        return 0.0  # inside batch_time (and linear_time): the measured steps include attention
 
     def draft_time(self, draft_lens: Sequence[int]) -> float:
         return self.draft_us_per_request * 1e-6 * sum(1 for d in draft_lens if d > 0)
@@ -270,9 +297,10 @@ class MeasuredCost:
     def _verify_time(self, draft_lens: Sequence[int], context_lens: Sequence[int]) -> float:
         if len(draft_lens) != len(context_lens):
             raise ValueError(f"step_time: {len(draft_lens)} draft lengths for {len(context_lens)} context lengths")
+        if not draft_lens:
+            return 0.0
         rows = sum(1 + int(d) for d in draft_lens)
-        attention = sum(self.attention_time(int(d), int(c)) for d, c in zip(draft_lens, context_lens))
-        return self.overhead_s + self.linear_time(rows) + attention
+        return self.overhead_s + self.batch_time(len(draft_lens), rows)
 
 
 # --------------------------------------------------------------------------------------------
