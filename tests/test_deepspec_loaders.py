@@ -24,6 +24,7 @@ from spec_plugins.proposers.dflash.loader import load_deepspec_dflash, load_dfla
 from spec_plugins.proposers.dflash.model import DFlashDraftModel  # noqa: E402
 from spec_plugins.proposers.dspark.deepspec import load_deepspec_dspark, load_deepspec_dspark_checkpoint  # noqa: E402
 from spec_plugins.proposers.dspark.heads import ConfidenceHead, DSparkDrafter, MarkovHead, teacher_forced  # noqa: E402
+from drafter_weights import randomize_  # noqa: E402
 
 TOL = 1e-5
 HIDDEN, VOCAB, TARGET_LAYERS, GAMMA, MASK, RANK = 64, 128, 4, 7, 127, 8
@@ -85,15 +86,6 @@ def to_deepspec_name(ours: str) -> str:
     return f"layers.{idx}.{_OURS_TO_DEEPSPEC[module]}.{leaf}"
 
 
-def randomize(module: torch.nn.Module) -> None:
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            if "norm" in name:  # non-trivial norm weights, so a skipped or misplaced norm shows up
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
-            else:
-                p.normal_(0.0, 0.15)
-
-
 class Reference:
     """Directly-constructed backbone + heads + embedding / head copies, and their DeepSpec tensors."""
 
@@ -101,7 +93,7 @@ class Reference:
         torch.manual_seed(seed)
         theta = target_config_dict().get("rope_parameters", {}).get("rope_theta", 10000.0)
         self.model = DFlashDraftModel(direct_config(theta)).eval()
-        randomize(self.model)
+        randomize_(self.model)
         self.embed = torch.randn(VOCAB, HIDDEN)
         self.lm_head = 0.5 * torch.randn(VOCAB, HIDDEN)
         self.markov = MarkovHead(VOCAB, RANK, HIDDEN, head_type).eval() if head_type else None
@@ -110,7 +102,7 @@ class Reference:
             self.confidence = ConfidenceHead(HIDDEN, RANK if confidence_with_markov else 0).eval()
         for head in (self.markov, self.confidence):
             if head is not None:
-                randomize(head)
+                randomize_(head)
         self.tensors = {to_deepspec_name(k): v.clone() for k, v in self.model.state_dict().items()}
         self.tensors["embed_tokens.weight"] = self.embed.clone()
         self.tensors["lm_head.weight"] = self.lm_head.clone()

@@ -21,6 +21,7 @@ zlab = pytest.importorskip(
 from safetensors.torch import save_file  # noqa: E402
 
 from spec_plugins.proposers.dflash import DFlashConfig, load_dflash, select_taps  # noqa: E402
+from drafter_weights import randomize_  # noqa: E402
 
 TOL = 1e-4
 HIDDEN, VOCAB, TARGET_LAYERS, BLOCK, MASK = 64, 128, 4, 4, 127
@@ -62,14 +63,7 @@ def make_config(**overrides):
 
 def zlab_model(cfg: dict, seed: int = 0):
     torch.manual_seed(seed)
-    model = zlab.DFlashDraftModel(transformers.Qwen3Config(**cfg)).float().eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:  # non-trivial norm weights, so a skipped or misplaced norm shows up
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
-            else:
-                p.normal_(0.0, 0.15)
-    return model
+    return randomize_(zlab.DFlashDraftModel(transformers.Qwen3Config(**cfg)).float().eval())
 
 
 def save_checkpoint(folder, cfg: dict, state: dict, prefix: str = "") -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
-import shutil
 import sys
 import types
 
@@ -48,9 +47,10 @@ finally:
     for _name in _added:
         sys.modules.pop(_name, None)
 
-from safetensors.torch import load_file, save_file  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
 
 from spec_plugins.proposers.dflash import load_dflash  # noqa: E402
+from drafter_weights import edited_checkpoint, randomize_  # noqa: E402
 
 TOL = 1e-4
 HIDDEN, VOCAB, TARGET_LAYERS, BLOCK, MASK = 64, 128, 4, 4, 127
@@ -115,14 +115,8 @@ def speculators_model(verifier_dir, shared_weights, tl_overrides=None, top_overr
     torch.manual_seed(seed)
     model = SpecDFlash(config).float().eval()
     embed, head = shared_weights
+    randomize_(model, skip=("embed_tokens", "lm_head", "verifier_"))
     with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.startswith(("embed_tokens", "lm_head", "verifier_")):
-                continue
-            if "norm" in name:  # non-trivial norm weights, so a skipped or misplaced norm shows up
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
-            else:
-                p.normal_(0.0, 0.15)
         model.embed_tokens.weight.copy_(embed)
         model.lm_head.weight.copy_(head)
         model.verifier_lm_head.weight.copy_(head)
@@ -219,17 +213,7 @@ def good_ckpt(tmp_path_factory, verifier_dir, shared_weights):
 
 
 def variant_ckpt(good_ckpt, tmp_path, edit_config=None, edit_tensors=None):
-    folder = tmp_path / "bad"
-    shutil.copytree(good_ckpt, folder)
-    if edit_config is not None:
-        raw = json.loads((folder / "config.json").read_text())
-        edit_config(raw)
-        (folder / "config.json").write_text(json.dumps(raw))
-    if edit_tensors is not None:
-        tensors = load_file(str(folder / "model.safetensors"))
-        edit_tensors(tensors)
-        save_file(tensors, str(folder / "model.safetensors"))
-    return folder
+    return edited_checkpoint(good_ckpt, tmp_path / "bad", edit_config, edit_tensors)
 
 
 def _set(path, value):

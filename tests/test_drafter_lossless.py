@@ -16,6 +16,7 @@ from scipy.stats import chisquare
 from spec_plugins.proposers.dflash import DFlashConfig, DFlashDraftModel, DFlashProposer
 from spec_plugins.proposers.dspark import ConfidenceHead, DSparkProposer, MarkovHead
 from spec_plugins.reference import HFTarget, generate, verify
+from drafter_weights import randomize_
 
 HIDDEN, TAPS, RANK = 64, [0, 2], 8
 NEW_TOKENS = 40
@@ -53,10 +54,7 @@ def _backbone(vocab, block_size, seed):
         "dflash_config": {"mask_token_id": vocab - 1, "target_layer_ids": TAPS},
     })
     torch.manual_seed(seed)
-    model = DFlashDraftModel(cfg).double().eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(1.0 + 0.2 * torch.randn_like(p)) if "norm" in name else p.normal_(0.0, 0.15)
+    model = randomize_(DFlashDraftModel(cfg).double().eval())
     return model
 
 

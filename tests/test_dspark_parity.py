@@ -44,6 +44,7 @@ from spec_plugins.proposers.dspark import (  # noqa: E402
     prefix_survival,
     teacher_forced,
 )
+from drafter_weights import randomize_  # noqa: E402
 
 TOL = 1e-4
 HIDDEN, VOCAB, GAMMA, MASK, RANK, TAPS = 64, 128, 7, 127, 8, 2
@@ -57,10 +58,7 @@ def backbone(seed: int = 0) -> tuple[DFlashDraftModel, torch.Tensor, torch.Tenso
         "dflash_config": {"mask_token_id": MASK, "target_layer_ids": [0, 2]},
     })
     torch.manual_seed(seed)
-    model = DFlashDraftModel(cfg).float().eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(1.0 + 0.2 * torch.randn_like(p)) if "norm" in name else p.normal_(0.0, 0.15)
+    model = randomize_(DFlashDraftModel(cfg).float().eval())
     embed = torch.randn(VOCAB, HIDDEN)
     lm_head = 0.5 * torch.randn(VOCAB, HIDDEN)
     return model, embed, lm_head

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import shutil
 import sys
 import types
 
@@ -23,7 +22,7 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-from safetensors.torch import load_file, save_file  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
 
 from spec_plugins.models import build_tiny_model  # noqa: E402
 from spec_plugins.proposers.dflash import DFlashConfig, DFlashDraftModel, DFlashProposer, load_dflash  # noqa: E402
@@ -39,6 +38,7 @@ from spec_plugins.proposers.dspark import ConfidenceHead, DSparkProposer, Markov
 from spec_plugins.proposers.dspark.loader import load_dspark  # noqa: E402
 from spec_plugins.reference import HFTarget, generate  # noqa: E402
 from spec_plugins.training import add_train_parser  # noqa: E402
+from drafter_weights import edited_checkpoint, randomize_  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -136,10 +136,7 @@ def _backbone(block_size, causal=False, seed=0):
     if causal:
         raw["is_causal"] = True
     torch.manual_seed(seed)
-    model = DFlashDraftModel(DFlashConfig.from_dict(raw)).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(1.0 + 0.2 * torch.randn_like(p)) if "norm" in name else p.normal_(0.0, 0.15)
+    model = randomize_(DFlashDraftModel(DFlashConfig.from_dict(raw)).eval())
     return model
 
 
@@ -357,19 +354,6 @@ def test_load_dflash_refuses_a_dspark_checkpoint(speculators_dspark_ckpt):
 # ------------------------------------------------------------------------------------------ bad input
 
 
-def _edited(src, dst, config=None, tensors=None):
-    shutil.copytree(src, dst)
-    if config is not None:
-        raw = json.loads((dst / "config.json").read_text())
-        config(raw)
-        (dst / "config.json").write_text(json.dumps(raw))
-    if tensors is not None:
-        t = load_file(str(dst / "model.safetensors"))
-        tensors(t)
-        save_file(t, str(dst / "model.safetensors"))
-    return dst
-
-
 BAD_DSPARK = {
     "dflash_checkpoint": (lambda r: r.update(speculators_model_type="dflash"), None, "'dflash' marks a DFlash checkpoint, not DSpark"),
     "no_markov_rank": (lambda r: r.pop("markov_rank"), None, "missing field 'markov_rank'"),
@@ -386,7 +370,7 @@ BAD_DSPARK = {
 @pytest.mark.parametrize("case", sorted(BAD_DSPARK))
 def test_load_dspark_errors(speculators_dspark_ckpt, tmp_path, case):
     config, tensors, message = BAD_DSPARK[case]
-    folder = _edited(speculators_dspark_ckpt, tmp_path / "bad", config, tensors)
+    folder = edited_checkpoint(speculators_dspark_ckpt, tmp_path / "bad", config, tensors)
     with pytest.raises(ValueError, match="^DSpark (config|checkpoint)") as info:
         load_dspark(folder, num_target_layers=TARGET_LAYERS)
     assert message in str(info.value) and "\n" not in str(info.value)
