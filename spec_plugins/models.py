@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:  # heavy imports stay lazy: importing spec_plugins must not import torch
     from transformers import PreTrainedTokenizerFast
@@ -38,6 +38,7 @@ __all__ = [
     "build_local_tokenizer",
     "build_tiny_model",
     "cache_dir",
+    "prompt_ids",
     "smollm2_path",
 ]
 
@@ -84,6 +85,15 @@ _VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 # --------------------------------------------------------------------------------------------
 # cache location
+
+
+def prompt_ids(tokenizer: Any, text: str, chat: bool) -> list[int]:
+    """Token ids of a prompt as our engine runs feed it: `chat` wraps it in the tokenizer's chat template as
+    one user turn (the workloads' `"chat": true` rows were generated that way), then the text is encoded."""
+    if chat:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                             add_generation_prompt=True)
+    return list(tokenizer(text)["input_ids"])
 
 
 def cache_dir() -> Path:

@@ -73,6 +73,7 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
 
 def load_examples(path: str | Path, tokenizer: Any, *, max_rows: int | None = None) -> list:
     """Examples (ids, loss mask) from a .jsonl ('text' or 'prompt' + 'response') or a .txt file."""
+    from spec_plugins.models import prompt_ids
     from spec_plugins.proposers.dflash.train import Example
 
     path = Path(path)
@@ -107,15 +108,6 @@ def load_examples(path: str | Path, tokenizer: Any, *, max_rows: int | None = No
     if not examples:
         raise ValueError(f"--data: {path.name} has no rows")
     return examples
-
-
-def prompt_ids(tokenizer: Any, prompt: str, chat: bool) -> list[int]:
-    """Token ids of a prompt; `chat`: wrapped in the tokenizer's chat template as one user turn, as the
-    replay workloads' `"chat": true` rows were generated."""
-    if not chat:
-        return tokenizer(prompt)["input_ids"]
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
-    return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
 
 
 def default_mask_token_id(tokenizer: Any, vocab_size: int) -> int:

@@ -87,8 +87,8 @@ def main(argv: list[str] | None = None) -> None:
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from spec_plugins.models import prompt_ids
     from spec_plugins.reference import HFTarget, generate
-    from spec_plugins.training import prompt_ids
 
     if args.threads:
         torch.set_num_threads(args.threads)

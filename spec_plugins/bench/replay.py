@@ -107,10 +107,9 @@ class TextTokenizer:
         self.tok = AutoTokenizer.from_pretrained(self.path)
 
     def prompt(self, text: str, chat: bool) -> list[int]:
-        if chat:
-            text = self.tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                                add_generation_prompt=True)
-        return list(self.tok(text)["input_ids"])
+        from spec_plugins.models import prompt_ids
+
+        return prompt_ids(self.tok, text, chat)
 
     def response(self, text: str) -> list[int]:
         return list(self.tok(text, add_special_tokens=False)["input_ids"])
