@@ -261,14 +261,8 @@ class MeasuredCost:
         hit = self._cache.get(rows)  # an allocator asks for the same few row counts thousands of times
         if hit is not None:
             return hit
-        xs, ys = self.tokens, self.seconds
-        if rows <= xs[0]:
-            t = float(ys[0])  # below the smallest measured step: the fixed cost dominates, keep it
-        elif rows >= xs[-1]:
-            slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
-            t = float(ys[-1] + slope * (rows - xs[-1]))
-        else:
-            t = float(np.interp(rows, xs, ys))
+        # Below the smallest measured step the fixed cost dominates: keep it (flat).
+        t = _curve_at(self.tokens, self.seconds, rows)
         self._cache[rows] = t
         return t
 
