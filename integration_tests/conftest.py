@@ -31,7 +31,7 @@ requires_vllm = pytest.mark.skipif(
 
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory) -> str:
-    from spec_plugins.models import build_tiny_model
+    from spec_plugins.tiny_models import build_tiny_model
 
     return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "llama", arch="llama"))
 

@@ -14,7 +14,7 @@ pytestmark = [requires_vllm, pytest.mark.vllm]
 
 
 def test_demo_writes_rows(tmp_path):
-    from spec_plugins.models import build_tiny_model
+    from spec_plugins.tiny_models import build_tiny_model
 
     # The demo's real prompts need more context than the default tiny model has.
     tiny_llama = str(build_tiny_model(tmp_path / "tiny", arch="llama", max_position_embeddings=4096))

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from spec_plugins.policy.profile import MeasuredCost, load_profile, profile_engine, save_profile
+from spec_plugins.policy.measured import MeasuredCost, load_profile, save_profile
+from spec_plugins.policy.profile import profile_engine
 
 from .conftest import requires_vllm
 

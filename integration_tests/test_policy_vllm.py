@@ -9,6 +9,7 @@ import pytest
 from spec_plugins.bench.vllm_run import EngineRun, run
 from spec_plugins.policy import planner
 from spec_plugins.policy.cost import RooflineCost
+from spec_plugins.traces import load_traces
 
 from .conftest import REPEATING_PROMPTS, requires_vllm
 
@@ -69,7 +70,7 @@ def test_planner_config_runs_natively_and_in_our_adapter(tiny_llama, baseline, t
                            "steps": [{"pos": i, "drafted": K, "accepted": i % (K + 1)} for i in range(60)]}]}
     path = tmp_path / "trace.json"
     path.write_text(json.dumps(trace))
-    stats = planner.AcceptanceStats.from_traces(planner.load_traces([path]))
+    stats = planner.AcceptanceStats.from_traces(load_traces([path]))
     p = planner.plan(RooflineCost("h200", "llama-3.1-8b"), stats, K, max_batch=256)
     for mechanism in ("ngram", "suffix_tree"):
         conf = planner.vllm_speculative_config(p, mechanism)

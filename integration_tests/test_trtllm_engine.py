@@ -37,7 +37,7 @@ def model(tmp_path_factory) -> str:
     path = os.environ.get("SPEC_PLUGINS_TRTLLM_MODEL")
     if path:
         return path
-    from spec_plugins.models import build_tiny_model
+    from spec_plugins.tiny_models import build_tiny_model
 
     return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "llama", arch="llama"))
 

@@ -8,14 +8,14 @@ from pathlib import Path
 
 
 def _cmd_models(args: argparse.Namespace) -> None:
-    from spec_plugins import models
+    from spec_plugins import models, tiny_models
 
     cache = Path(args.cache_dir) if args.cache_dir else None
     if args.name == "smollm2":
         print(models.smollm2_path(cache))
     else:
         out = Path(args.out or (models.cache_dir() if cache is None else cache) / "models" / f"tiny-{args.name}")
-        print(models.build_tiny_model(out, arch=args.name))
+        print(tiny_models.build_tiny_model(out, arch=args.name))
 
 
 def _cmd_demo(args: argparse.Namespace) -> None:
@@ -131,6 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _cmd_plan(args: argparse.Namespace) -> None:
     from spec_plugins.policy import planner
+    from spec_plugins.traces import load_traces
 
     if args.mechanism not in planner.MECHANISMS:
         raise ValueError(f"--mechanism: expected one of {', '.join(planner.MECHANISMS)}, got {args.mechanism!r}")
@@ -139,7 +140,7 @@ def _cmd_plan(args: argparse.Namespace) -> None:
     if args.draft_us < 0:
         raise ValueError(f"--draft-us: expected >= 0, got {args.draft_us}")
     stats = planner.AcceptanceStats.from_traces(
-        planner.load_traces([a for a in args.acceptance.split(",") if a.strip()]))
+        load_traces([a for a in args.acceptance.split(",") if a.strip()]))
     from spec_plugins.policy.cost import step_cost
 
     if args.profile:

@@ -1,4 +1,4 @@
-"""Tests for spec_plugins.models: local tokenizer, tiny random models, SmolLM2 conversion."""
+"""Tests for spec_plugins.tiny_models (local tokenizer, tiny random models) and spec_plugins.models (SmolLM2)."""
 
 from __future__ import annotations
 
@@ -13,14 +13,9 @@ pytest.importorskip("transformers")
 import torch  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from spec_plugins import models  # noqa: E402
-from spec_plugins.models import (  # noqa: E402
-    SMOLLM2_VOCAB_SIZE,
-    build_local_tokenizer,
-    build_tiny_model,
-    cache_dir,
-    smollm2_path,
-)
+from spec_plugins import models, tiny_models  # noqa: E402
+from spec_plugins.models import SMOLLM2_VOCAB_SIZE, cache_dir, smollm2_path  # noqa: E402
+from spec_plugins.tiny_models import build_local_tokenizer, build_tiny_model  # noqa: E402
 
 TEXTS = [
     "Hello world! The capital of France is Paris.",
@@ -108,7 +103,7 @@ def test_tiny_model_builds_loads_and_reuses(tmp_path, monkeypatch, arch, cls):
 
     # same arguments: the folder is returned as is, without building anything
     before = _snapshot(out)
-    monkeypatch.setattr(models, "_build_tiny", lambda *a, **k: pytest.fail("rebuilt an up-to-date model"))
+    monkeypatch.setattr(tiny_models, "_build_tiny", lambda *a, **k: pytest.fail("rebuilt an up-to-date model"))
     assert build_tiny_model(tmp_path / "m", arch=arch) == out
     assert _snapshot(out) == before
 

@@ -12,6 +12,7 @@ from spec_plugins.bench import policy_sim
 from spec_plugins.cli import main as cli_main
 from spec_plugins.policy import planner
 from spec_plugins.policy.cost import RooflineCost
+from spec_plugins.traces import load_traces
 
 TRACE_FORMAT = "spec-plugins-replay-trace/1"
 
@@ -68,7 +69,7 @@ class ProportionalCost(FlatCost):
 
 
 def test_plan_drafts_long_when_memory_bound_and_not_when_compute_bound(tmp_path):
-    stats = planner.AcceptanceStats.from_traces(planner.load_traces([make_trace(tmp_path)]))
+    stats = planner.AcceptanceStats.from_traces(load_traces([make_trace(tmp_path)]))
     flat = planner.plan(FlatCost(), stats, 8, max_batch=16)
     assert set(flat.chosen) == {8}
     assert flat.schedule_ranges() == [[1, 16, 8]]
@@ -80,7 +81,7 @@ def test_plan_drafts_long_when_memory_bound_and_not_when_compute_bound(tmp_path)
 def test_plan_on_h200_shortens_drafts_with_batch_and_emits_valid_configs(tmp_path):
     from vllm.v1.spec_decode.dynamic.utils import validate_and_normalize_dynamic_sd_schedule
 
-    stats = planner.AcceptanceStats.from_traces(planner.load_traces([make_trace(tmp_path, max_draft=16)]))
+    stats = planner.AcceptanceStats.from_traces(load_traces([make_trace(tmp_path, max_draft=16)]))
     cost = RooflineCost("h200", "llama-3.1-8b")
     p = planner.plan(cost, stats, 16, max_batch=256)
     assert p.chosen[0] >= p.chosen[-1] and max(p.chosen) == p.chosen[0]
@@ -145,7 +146,7 @@ def test_simulator_empty_drafts_cost_nothing(tmp_path):
         for s in r["steps"]:
             s.update(drafted=0, accepted=0, confidence=[])
     path.write_text(json.dumps(doc))
-    traces = planner.load_traces([path])
+    traces = load_traces([path])
     res = policy_sim.run(traces, RooflineCost("h200", "llama-3.1-8b"), [4], 4, 30, 0)["goodput"]
     assert len({round(v[0], 6) for v in res.values()}) == 1
 
@@ -209,7 +210,7 @@ def test_policy_e2e_configurations_and_bad_input(capsys):
 
 
 def test_shipped_cpu_profile_loads_and_grows_with_tokens():
-    from spec_plugins.policy.profile import MeasuredCost, load_profile, profile_path
+    from spec_plugins.policy.measured import MeasuredCost, load_profile, profile_path
 
     cost = MeasuredCost(load_profile(profile_path("vllm-cpu-smollm2-135m")))
     assert cost.linear_time(512) > 4 * cost.linear_time(8) > 0

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from spec_plugins.policy.profile import FORMAT, MeasuredCost, load_profile, plot_profile, save_profile
+from spec_plugins.policy.measured import FORMAT, MeasuredCost, load_profile, save_profile
+from spec_plugins.policy.profile import plot_profile
 
 
 def point(batch, draft, step_ms, runs=None):
@@ -169,6 +170,16 @@ def test_speedup_for_uniform_lengths():
                           ((1, 1, 0.5, 1), "speedup.acceptance_length: expected a number >= 1, got 0.5")]:
         with pytest.raises(ValueError, match=message):
             cost.speedup(*args)
+
+
+def test_loading_a_profile_imports_no_profiler():
+    # The serving engine loads profiles; the profiler's engine driver and plotting must stay out of it.
+    code = ("import sys\nfrom spec_plugins.policy.measured import MeasuredCost, profile_path\n"
+            "MeasuredCost(profile_path('vllm-cpu-smollm2-135m')).step_time([3, 0], [256, 256])\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('matplotlib', 'rich', 'vllm')\n"
+            "             or m in ('spec_plugins.policy.profile', 'spec_plugins.bench.vllm_run')))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert res.stdout.strip() == "[]", res.stdout
 
 
 def test_plot(tmp_path):

@@ -14,6 +14,7 @@ from spec_plugins.bench import replay
 from spec_plugins.bench.replay import Row, TextTokenizer, load_workload, walk
 from spec_plugins.core import Draft
 from spec_plugins.proposers.ngram import NgramProposer
+from spec_plugins.traces import TRACE_FORMAT, read_trace
 
 K = 4
 TEXTS = [
@@ -27,7 +28,7 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def tok_dir(tmp_path_factory) -> Path:
-    from spec_plugins.models import build_local_tokenizer
+    from spec_plugins.tiny_models import build_local_tokenizer
 
     d = tmp_path_factory.mktemp("tok")
     build_local_tokenizer(d)
@@ -170,8 +171,8 @@ def test_cli_json_and_traces(tmp_path, tok_dir, workload, monkeypatch) -> None:
     assert report["config"]["options"]["ngram"] == {"min_ngram": 2, "max_ngram": 4}
 
     for name, has_conf in (("ngram", False), ("replay_test_conf", True)):
-        doc = replay.read_trace(traces / "tiny" / f"{name}.json")
-        assert doc["format"] == replay.TRACE_FORMAT and doc["max_draft"] == K and doc["proposer"] == name
+        doc = read_trace(traces / "tiny" / f"{name}.json")
+        assert doc["format"] == TRACE_FORMAT and doc["max_draft"] == K and doc["proposer"] == name
         assert [r["id"] for r in doc["requests"]] == [f"r{k}" for k in range(len(TEXTS))]
         steps = 0
         for req in doc["requests"]:
@@ -232,6 +233,6 @@ def test_vllm_ngram_matches_ngram(tmp_path, tok_dir, workload) -> None:
                     "--proposers", "ngram,vllm_ngram", "--max-draft", str(K), "--tokenizer", str(tok_dir),
                     "--trace-out", str(tmp_path), "--json", str(out), "--no-progress"],
                    check=True, capture_output=True, timeout=120)
-    ours = replay.read_trace(tmp_path / "tiny" / "ngram.json")["requests"]
-    theirs = replay.read_trace(tmp_path / "tiny" / "vllm_ngram.json")["requests"]
+    ours = read_trace(tmp_path / "tiny" / "ngram.json")["requests"]
+    theirs = read_trace(tmp_path / "tiny" / "vllm_ngram.json")["requests"]
     assert ours == theirs

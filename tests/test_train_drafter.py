@@ -24,7 +24,7 @@ pytest.importorskip("safetensors")
 
 from safetensors.torch import load_file  # noqa: E402
 
-from spec_plugins.models import build_tiny_model  # noqa: E402
+from spec_plugins.tiny_models import build_tiny_model  # noqa: E402
 from spec_plugins.proposers.dflash import DFlashConfig, DFlashDraftModel, DFlashProposer, load_dflash  # noqa: E402
 from spec_plugins.proposers.dflash.export import save_speculators, speculators_tensor_name  # noqa: E402
 from spec_plugins.proposers.dflash.train import (  # noqa: E402

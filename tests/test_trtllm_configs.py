@@ -12,9 +12,10 @@ import yaml
 
 from spec_plugins.registry import create_policy, create_proposer
 from spec_plugins.trtllm import versions
+from spec_plugins.trtllm.config_files import check_config_file, split_vllm_file
 from spec_plugins.trtllm.launcher import add_trtllm_parser
 from spec_plugins.trtllm.settings import load_launch_config, parse_section
-from spec_plugins.trtllm.versions import check_config_file, check_trtllm_config, check_vllm_speculative_config
+from spec_plugins.trtllm.versions import check_trtllm_config, check_vllm_speculative_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 TRTLLM_FILES = sorted((CONFIGS / "trtllm").glob("*.yaml"))
@@ -59,7 +60,7 @@ def test_planner_files_without_a_header_are_read_as_1_2_only():
 
 @pytest.mark.parametrize("path", VLLM_FILES, ids=lambda p: p.name)
 def test_vllm_config_passes_0_32_and_0_33(path):
-    spec, additional = versions.split_vllm_file(json.loads(path.read_text()))
+    spec, additional = split_vllm_file(json.loads(path.read_text()))
     for version in versions.VLLM_VERSIONS:
         check_vllm_speculative_config(spec, version)
     assert check_config_file(path).startswith("vllm")

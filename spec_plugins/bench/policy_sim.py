@@ -37,7 +37,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from spec_plugins.core import Draft, DraftRequest
-from spec_plugins.policy.planner import AcceptanceStats, load_traces, plan, schedule_for_batch
+from spec_plugins.policy.planner import AcceptanceStats, plan, schedule_for_batch
+from spec_plugins.traces import load_traces
 
 FORMAT = "spec-plugins-policy-sim/1"
 

@@ -47,17 +47,9 @@ all workloads under ``proposers.<proposer>``):
 * ``finish_us_per_token`` -- ``finish`` time over response tokens (a proposer that inserts a
   response into its global cache only when the request ends pays for it here).
 
-Trace files (``--trace-out DIR``): ``DIR/<workload>/<proposer>.json``, one JSON object::
-
-    {"format": "spec-plugins-replay-trace/1", "workload": str, "file": str, "proposer": str,
-     "options": {...}, "max_draft": K,
-     "requests": [{"id": str, "prompt_len": int, "response_len": int,
-                   "steps": [{"pos": i, "drafted": d, "accepted": a, "confidence": [c, ...]}, ...]}]}
-
-``pos`` is the number of response tokens before the step (context = prompt + response[:pos]);
-``drafted`` the draft length (<= max_draft); ``accepted`` <= drafted; ``confidence`` is present
-only when the proposer's `Draft` carries per-token confidences (one per drafted token). Read
-them with `read_trace`.
+Trace files (``--trace-out DIR``): ``DIR/<workload>/<proposer>.json``, every step of every request
+(what was drafted, how much was accepted, the proposer's confidences), in the format of
+`spec_plugins.traces`, which also reads them.
 """
 
 from __future__ import annotations
@@ -74,8 +66,8 @@ from typing import Any, Callable, Hashable, Iterable, Sequence
 import numpy as np
 
 from spec_plugins.core import DraftRequest, Proposer, check_drafts
+from spec_plugins.traces import request_record, trace_document, write_trace
 
-TRACE_FORMAT = "spec-plugins-replay-trace/1"
 RESULT_FORMAT = "spec-plugins-replay/1"
 DEFAULT_PROPOSERS = "suffix_tree,arctic,vllm_ngram,ngram"
 
@@ -224,13 +216,9 @@ class Walk:
     finish_ns: int = 0
 
     def trace(self) -> dict:
-        steps = []
-        for k, (p, d, a) in enumerate(zip(self.pos, self.drafted, self.accepted)):
-            step: dict[str, Any] = {"pos": p, "drafted": d, "accepted": a}
-            if self.confidence[k] is not None:
-                step["confidence"] = [round(float(c), 5) for c in self.confidence[k]]
-            steps.append(step)
-        return {"id": self.id, "prompt_len": self.prompt_len, "response_len": self.response_len, "steps": steps}
+        """This request's entry in a trace file."""
+        return request_record(self.id, self.prompt_len, self.response_len, self.pos, self.drafted, self.accepted,
+                              self.confidence)
 
 
 def accepted_prefix(draft: Sequence[int], truth: np.ndarray) -> int:
@@ -405,21 +393,9 @@ def write_traces(out_dir: Path, res: WorkloadResult, options: dict[str, dict[str
     d = out_dir / res.name
     d.mkdir(parents=True, exist_ok=True)
     for p, ws in res.walks.items():
-        doc = {"format": TRACE_FORMAT, "workload": res.name, "file": res.file, "proposer": p,
-               "options": options.get(p, {}), "max_draft": max_draft, "requests": [w.trace() for w in ws]}
-        (d / f"{p}.json").write_text(json.dumps(doc, separators=(",", ":")))
-
-
-def read_trace(path: str | Path) -> dict[str, Any]:
-    """Load a trace file written by `--trace-out`, checking its format tag and step fields."""
-    doc = json.loads(Path(path).read_text())
-    if doc.get("format") != TRACE_FORMAT:
-        raise ValueError(f"{path}: not a replay trace (format {doc.get('format')!r}, expected {TRACE_FORMAT!r})")
-    for req in doc["requests"]:
-        for s in req["steps"]:
-            if not 0 <= s["accepted"] <= s["drafted"] <= doc["max_draft"]:
-                raise ValueError(f"{path}: request {req['id']!r}: bad step {s}")
-    return doc
+        write_trace(d / f"{p}.json", trace_document(workload=res.name, file=res.file, proposer=p,
+                                                    options=options.get(p, {}), max_draft=max_draft,
+                                                    requests=[w.trace() for w in ws]))
 
 
 def _fmt(v: float | None, digits: int = 2) -> str:

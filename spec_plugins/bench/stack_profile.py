@@ -9,7 +9,7 @@ rows, output projection, SwiGLU MLP, RMSNorms) and the LM head over all rows —
 to verify drafts. Weights are random bf16 at the model's real shapes; each (B, D) step is captured in a
 CUDA graph, so the times hold no Python or launch overhead (a serving engine adds its own scheduling,
 sampling and rejection on top). It writes the `spec-plugins-step-profile/1` format of
-`spec_plugins.policy.profile`, which `spec-plugins plan --profile FILE` reads, and so measures what the
+`spec_plugins.policy.measured`, which `spec-plugins plan --profile FILE` reads, and so measures what the
 roofline model in `spec_plugins.policy.cost` predicts from datasheet figures.
 
 Left out on purpose: RoPE and the causal mask among the new rows (element-wise work and a mask that

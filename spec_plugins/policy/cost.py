@@ -315,7 +315,7 @@ def step_cost(*, hardware: HardwareProfile | str | None = None, model: ModelDesc
     """The step cost for a model-free proposer: a measured profile (a file or a shipped profile's name), or
     `hardware` + `model` on the roofline. What the policy, the planner and the simulator all cost with."""
     if profile is not None:
-        from spec_plugins.policy.profile import MeasuredCost, load_profile, profile_path
+        from spec_plugins.policy.measured import MeasuredCost, load_profile, profile_path
 
         return MeasuredCost(load_profile(profile_path(profile)), draft_us_per_request=draft_us_per_request)
     drafter = DraftCost(kind="model_free", per_request_us=draft_us_per_request)

@@ -40,6 +40,7 @@ class AcceptanceStats:
 
     @classmethod
     def from_traces(cls, traces: Sequence[dict]) -> "AcceptanceStats":
+        """Every step of acceptance traces as `spec_plugins.traces.load_traces` returns them."""
         drafted, accepted, context, sources = [], [], [], []
         max_draft = 0
         for t in traces:
@@ -63,27 +64,6 @@ class AcceptanceStats:
     @property
     def mean_context(self) -> int:
         return int(np.mean(self.context))
-
-
-def load_traces(paths: Sequence[str | Path]) -> list[dict]:
-    """Read replay traces (`python -m spec_plugins.bench.replay --trace-out DIR`); one-line errors."""
-    from spec_plugins.bench.replay import read_trace
-
-    if not paths:
-        raise ValueError("--acceptance: expected at least one trace file")
-    out = []
-    for p in paths:
-        path = Path(p)
-        if not path.is_file():
-            raise ValueError(f"--acceptance {p}: no such file")
-        try:
-            doc = read_trace(path)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"--acceptance {p}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
-        if not any(req["steps"] for req in doc["requests"]):
-            raise ValueError(f"--acceptance {p}: the trace has no steps")
-        out.append(doc)
-    return out
 
 
 def batch_grid(max_batch: int) -> list[int]:

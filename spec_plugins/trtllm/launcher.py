@@ -20,8 +20,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from spec_plugins.trtllm.config_files import check_config_file
 from spec_plugins.trtllm.settings import Settings, load_launch_config
-from spec_plugins.trtllm.versions import SPEC, TRTLLM_VERSIONS, check_config_file, trtllm_rule_set
+from spec_plugins.trtllm.versions import SPEC, TRTLLM_VERSIONS, trtllm_rule_set
 
 INSTALL_HINT = (
     "TensorRT-LLM 1.2 or newer is needed for this command. It installs only on a Linux CUDA machine: "

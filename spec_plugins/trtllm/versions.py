@@ -9,15 +9,13 @@ Config files declare the engine version they target in a comment line (YAML) suc
     # engine: tensorrt-llm>=1.2
 
 `>=` checks the file against every rule set from that version on, `==` against that version's only; a YAML
-file without the line is read as `tensorrt-llm==1.2` (what `spec-plugins plan` writes). JSON cannot hold
-comments, and vLLM rejects unknown keys, so every file under `configs/vllm` is read as `vllm>=0.32`.
+file without the line is read as `tensorrt-llm==1.2` (what `spec-plugins plan` writes). Checking whole files
+(ours included: their `spec_plugins` sections are built) is `spec_plugins.trtllm.config_files`.
 """
 
 from __future__ import annotations
 
-import json
 import re
-from pathlib import Path
 from typing import Any
 
 # ---- TensorRT-LLM --------------------------------------------------------------------------------------
@@ -315,7 +313,7 @@ def _check_vllm_schedule(ranges: Any) -> None:
         raise ValueError(f"{where}: the first range must start at batch size 1")
 
 
-# ---- config files --------------------------------------------------------------------------------------
+# ---- the `# engine:` line of a YAML file ---------------------------------------------------------------
 
 _ENGINE_LINE = re.compile(r"^#\s*engine:\s*tensorrt-llm\s*(>=|==)\s*([0-9][0-9A-Za-z.]*)\s*$", re.MULTILINE)
 
@@ -328,70 +326,3 @@ def declared_trtllm_versions(text: str) -> list[str]:
     if op == "==":
         return [first]
     return list(TRTLLM_VERSIONS[TRTLLM_VERSIONS.index(first):])
-
-
-def split_vllm_file(doc: Any) -> tuple[dict, dict | None]:
-    """(speculative_config, additional_config or None) of a configs/vllm file.
-
-    Two shapes: a bare `--speculative-config` object, or `{"speculative_config": {...}, "additional_config":
-    {...}}`, whose keys are `vllm.LLM`'s keyword arguments (`LLM(model, **json.load(f))`).
-    """
-    if isinstance(doc, dict) and VSPEC in doc:
-        extra = set(doc) - {VSPEC, "additional_config"}
-        if extra:
-            raise ValueError(f"{sorted(extra)[0]}: unknown key (expected speculative_config, additional_config)")
-        return doc[VSPEC], doc.get("additional_config")
-    return doc, None
-
-
-def check_config_file(path: str | Path) -> str:
-    """Check one configs/trtllm YAML or configs/vllm JSON file; returns the engine range it was checked for.
-
-    Our `spec_plugins` / `additional_config.spec_plugins` sections are also built (proposer and policy), so
-    bad option values fail here rather than at engine start.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"{path}: no such file")
-    try:
-        if path.suffix in (".yaml", ".yml"):
-            return _check_trtllm_file(path)
-        if path.suffix == ".json":
-            return _check_vllm_file(path)
-    except ValueError as exc:
-        msg = str(exc)
-        raise ValueError(msg if msg.startswith(f"{path}:") else f"{path}: {msg}") from None
-    raise ValueError(f"{path}: expected a .yaml (TensorRT-LLM) or .json (vLLM) file")
-
-
-def _check_trtllm_file(path: Path) -> str:
-    from spec_plugins.trtllm.settings import load_launch_config
-
-    versions = declared_trtllm_versions(path.read_text())
-    for version in versions:
-        _, section = load_launch_config(path, version=version)
-    if section is not None:
-        section.build()
-    return f"tensorrt-llm {', '.join(versions)}"
-
-
-def _check_vllm_file(path: Path) -> str:
-    try:
-        doc = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"not valid JSON ({exc.msg} at line {exc.lineno})") from None
-    spec, additional = split_vllm_file(doc)
-    for version in VLLM_VERSIONS:
-        check_vllm_speculative_config(spec, version)
-    if additional is not None:
-        _check_additional_config(spec, additional)
-    return f"vllm {', '.join(VLLM_VERSIONS)}"
-
-
-def _check_additional_config(spec: dict, additional: Any) -> None:
-    from spec_plugins.vllm.settings import settings_from_additional_config
-
-    if spec.get("method") != "custom_class" or not str(spec.get("model", "")).startswith("spec_plugins."):
-        raise ValueError("additional_config: only read by our custom_class proposers (model spec_plugins.vllm.*)")
-    fixed = {"spec_plugins.vllm.Ngram": "ngram", "spec_plugins.vllm.SuffixTree": "suffix_tree"}.get(spec["model"])
-    settings_from_additional_config(additional, fixed_proposer=fixed).build()

@@ -1,0 +1,274 @@
+"""The step-profile format, and `MeasuredCost`: the step cost read off a measured profile.
+
+Loaded inside the serving engine (the adaptive policy in the vLLM worker or the TensorRT-LLM drafter,
+through `spec_plugins.policy.cost.step_cost`, when its options name a profile), and by the planner and
+the simulator. It is apart from the profiler that writes profiles (`spec_plugins.policy.profile`, which
+drives a live engine and plots with matplotlib) so that loading a profile imports none of that.
+
+The saved JSON (`load_profile` validates it; readers ignore keys they do not know):
+
+    {"format": "spec-plugins-step-profile/1",
+     "engine": "vllm 0.32.0+cpu",           # `vllm <version>` of the engine measured
+     "device": "AMD EPYC (2 CPUs)",         # CPU model (and CPU count) or GPU name
+     "model": "smollm2",                    # the --model given: a path or "smollm2"
+     "dtype": "float32", "context_len": 256,
+     "steps": 16, "enforce_eager": true,    # optional: N, and whether vLLM ran without compilation
+     "points": [{"batch": 1, "draft": 0, "tokens": 1, "step_ms": 7.9, "runs": [7.8, 7.9, 8.1],
+                 "drafted_per_step": null, "accepted_per_step": null}, ...],
+     "created": "2025-01-01T12:00:00+00:00", "command": "spec-plugins profile ..."}
+
+One point per (batch, draft) cell: tokens = batch·(1 + draft) verified per step, step_ms the median
+of runs (each the median ms per decode step of one run, one run per repeat). drafted_per_step and
+accepted_per_step (optional) are vLLM's spec-decode metrics over the timed runs: draft tokens and
+accepted tokens per request-step (null without speculation); drafted_per_step ≈ draft shows that the
+engine verified what was drafted. How the steps are timed is in `spec_plugins.policy.profile`.
+
+`MeasuredCost(profile)` turns a profile into the step-cost interface of the allocator and planner
+(`spec_plugins.policy.allocator.StepCost`), the same names as the roofline model in `cost.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pydantic
+
+FORMAT = "spec-plugins-step-profile/1"
+
+
+# --------------------------------------------------------------------------------------------
+# the file format
+
+
+class ProfilePoint(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="ignore")
+
+    batch: int = pydantic.Field(ge=1)
+    draft: int = pydantic.Field(ge=0)
+    tokens: int = pydantic.Field(ge=1)
+    step_ms: float = pydantic.Field(gt=0)
+    runs: list[float] = pydantic.Field(default_factory=list)
+    drafted_per_step: float | None = None
+    accepted_per_step: float | None = None
+
+    @pydantic.model_validator(mode="after")
+    def _tokens_match(self) -> "ProfilePoint":
+        if self.tokens != self.batch * (1 + self.draft):
+            expected = self.batch * (1 + self.draft)
+            raise ValueError(f"expected tokens = batch * (1 + draft) = {expected}, got {self.tokens}")
+        return self
+
+
+class StepProfile(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="ignore")
+
+    format: str
+    engine: str
+    device: str
+    model: str
+    dtype: str
+    context_len: int = pydantic.Field(ge=1)
+    steps: int | None = None
+    enforce_eager: bool | None = None
+    points: list[ProfilePoint]
+    created: str
+    command: str
+
+
+def validate_profile(data: Any, where: str = "profile") -> dict:
+    """`data` checked against the format (one-line ValueError naming `where` and the field)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    if data.get("format") != FORMAT:
+        raise ValueError(f"{where}: expected format {FORMAT!r}, got {data.get('format')!r}")
+    try:
+        profile = StepProfile(**data)
+    except pydantic.ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"]) or "points"
+        msg = err["msg"].removeprefix("Value error, ")
+        raise ValueError(f"{where}: {loc}: {msg} (got {err.get('input')!r})") from None
+    if len(profile.points) < 2:
+        raise ValueError(f"{where}: points: expected at least 2 points, got {len(profile.points)}")
+    counts = {p.tokens for p in profile.points}
+    if len(counts) < 2:  # a line needs two token counts: nothing to interpolate or extrapolate from
+        raise ValueError(f"{where}: points: expected at least 2 distinct token counts, got only {counts.pop()}")
+    return profile.model_dump()
+
+
+def load_profile(path: str | os.PathLike) -> dict:
+    """Read and validate a step profile (`spec-plugins profile`, `spec_plugins.bench.stack_profile`)."""
+    where = f"profile {path}"
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ValueError(f"{where}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{where}: expected JSON, got invalid JSON ({exc.msg} at line {exc.lineno})") from None
+    return validate_profile(data, where)
+
+
+def save_profile(profile: dict, path: str | os.PathLike) -> Path:
+    out = Path(path)
+    data = validate_profile(profile, f"profile {out}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # One line per key and per point: readable, and a diff of two profiles shows which cells moved.
+    head = [f" {json.dumps(k)}: {json.dumps(v)}" for k, v in data.items() if k != "points"]
+    points = ",\n".join(f"  {json.dumps(p)}" for p in data["points"])
+    out.write_text("{\n" + ",\n".join([*head, f' "points": [\n{points}\n ]']) + "\n}\n")
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# the cost model
+
+
+def profile_path(name_or_path: str) -> str:
+    """A measured profile file, or the name of one shipped in configs/profiles (e.g. vllm-cpu-smollm2-135m)."""
+    from spec_plugins.policy.hardware import builtin_config_dir
+
+    if Path(name_or_path).exists() or name_or_path.endswith(".json"):
+        return name_or_path
+    shipped = builtin_config_dir("profiles")
+    path = shipped / f"{name_or_path}.json"
+    if not path.is_file():
+        names = sorted(p.stem for p in shipped.glob("*.json"))
+        raise ValueError(f"policy_options.profile: no file or shipped profile {name_or_path!r}; "
+                         f"shipped: {', '.join(names) or 'none'}")
+    return str(path)
+
+
+def _curve_at(xs: np.ndarray, ys: np.ndarray, x: float) -> float:
+    """Piecewise-linear through (xs, ys); flat below the first point, the last slope (never negative) beyond."""
+    if x <= xs[0] or len(xs) == 1:
+        return float(ys[0]) if x <= xs[0] else float(ys[-1])
+    if x >= xs[-1]:
+        slope = max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
+        return float(ys[-1] + slope * (x - xs[-1]))
+    return float(np.interp(x, xs, ys))
+
+
+class MeasuredCost:
+    """Step cost read off a measured profile (seconds), with the allocator's `StepCost` interface.
+
+    A step of B requests verifying `rows` tokens costs `batch_time(B, rows)`: the profile's (batch, draft)
+    grid read at the mean draft rows / B - 1, interpolated between the measured batch sizes. Both axes
+    matter: 256 tokens as B = 256, D = 0 read 256 KV caches, as B = 16, D = 15 only 16 (18.5 ms against
+    9.3 ms on the H200 profile), and on a CPU a bigger batch can be cheaper per token. Attention at the
+    profiled context length is inside the measured times; the profile does not vary the context, so its
+    dependence on context length is not modelled. `linear_time(rows)` (medians by token count, for callers
+    that do not know the batch) remains.
+    """
+
+    class Options(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(extra="forbid")
+        # Model-free drafting (n-gram, suffix tree) costs microseconds per request on the host.
+        draft_us_per_request: float = pydantic.Field(default=5.0, ge=0)
+
+    def __init__(self, profile: dict | str | os.PathLike, draft_us_per_request: float = 5.0) -> None:
+        try:
+            opts = self.Options(draft_us_per_request=draft_us_per_request)
+        except pydantic.ValidationError as exc:
+            err = exc.errors()[0]
+            raise ValueError(f"MeasuredCost.{err['loc'][0]}: {err['msg']} (got {err.get('input')!r})") from None
+        if isinstance(profile, (str, os.PathLike)):
+            self.profile = load_profile(profile)
+        else:
+            self.profile = validate_profile(profile)
+        self.draft_us_per_request = opts.draft_us_per_request
+        # The fixed part of a step (scheduling, launches, sampling) is inside every measured time.
+        self.overhead_s = 0.0
+        by_tokens: dict[int, list[float]] = defaultdict(list)
+        by_cell: dict[int, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+        for p in self.profile["points"]:
+            by_tokens[p["tokens"]].append(p["step_ms"] / 1e3)
+            by_cell[p["batch"]][p["draft"]].append(p["step_ms"] / 1e3)
+        self.tokens = np.array(sorted(by_tokens), dtype=np.float64)
+        medians = np.array([statistics.median(by_tokens[t]) for t in sorted(by_tokens)])
+        # Verifying more tokens never makes a step cheaper; a dip between two points is measurement
+        # noise, and an allocator searching for the best length would chase it. Keep the running max.
+        self.seconds = np.maximum.accumulate(medians)
+        self._cache: dict[float, float] = {}
+        # Per measured batch size: step seconds against draft length, made non-decreasing likewise.
+        self.batches = sorted(by_cell)
+        self._by_batch = {}
+        for b in self.batches:
+            drafts = sorted(by_cell[b])
+            secs = [statistics.median(by_cell[b][d]) for d in drafts]
+            self._by_batch[b] = (np.array(drafts, dtype=np.float64), np.maximum.accumulate(np.array(secs)))
+        self._batch_cache: dict[tuple[int, float], float] = {}
+
+    def batch_time(self, batch: int, rows: float) -> float:
+        """Step time (s) of `batch` requests verifying `rows` tokens in all (drafting excluded)."""
+        key = (batch, rows)
+        hit = self._batch_cache.get(key)
+        if hit is not None:
+            return hit
+        draft = rows / batch - 1.0
+        bs = self.batches
+
+        def at(b: int) -> float:
+            return _curve_at(*self._by_batch[b], draft)
+
+        if batch <= bs[0] or len(bs) == 1:
+            t = at(bs[0]) if batch <= bs[0] else at(bs[-1])
+        elif batch >= bs[-1]:  # more requests than measured: extend the last two batch sizes' trend
+            lo, hi = at(bs[-2]), at(bs[-1])
+            t = hi + max(0.0, (hi - lo) / (bs[-1] - bs[-2])) * (batch - bs[-1])
+        else:
+            i = int(np.searchsorted(bs, batch))
+            b0, b1 = bs[i - 1], bs[i]
+            w = (batch - b0) / (b1 - b0)
+            t = (1 - w) * at(b0) + w * at(b1)
+        self._batch_cache[key] = t
+        return t
+
+    def linear_time(self, rows: float) -> float:
+        """Step time (s) at `rows` tokens per step: interpolated between measured token counts."""
+        if rows <= 0:
+            return 0.0
+        hit = self._cache.get(rows)  # an allocator asks for the same few row counts thousands of times
+        if hit is not None:
+            return hit
+        # Below the smallest measured step the fixed cost dominates: keep it (flat).
+        t = _curve_at(self.tokens, self.seconds, rows)
+        self._cache[rows] = t
+        return t
+
+    def attention_time(self, draft_len: int, context_len: int) -> float:
+        return 0.0  # inside batch_time (and linear_time): the measured steps include attention
+
+    def draft_time(self, draft_lens: Sequence[int]) -> float:
+        return self.draft_us_per_request * 1e-6 * sum(1 for d in draft_lens if d > 0)
+
+    def step_time(self, draft_lens: Sequence[int], context_lens: Sequence[int]) -> float:
+        return self._verify_time(draft_lens, context_lens) + self.draft_time(draft_lens)
+
+    def speedup(self, batch: int, draft_len: int, acceptance_length: float, context_len: int) -> float:
+        """T_verif(B)·AL / (T_verif(B·(1+D)) + T_draft): modelled speed-up of drafting D for all B requests."""
+        if batch < 1:
+            raise ValueError(f"speedup.batch: expected an integer >= 1, got {batch}")
+        if draft_len < 0:
+            raise ValueError(f"speedup.draft_len: expected an integer >= 0, got {draft_len}")
+        if acceptance_length < 1.0:
+            raise ValueError(f"speedup.acceptance_length: expected a number >= 1, got {acceptance_length}")
+        contexts = [context_len] * batch
+        base = self._verify_time([0] * batch, contexts)
+        drafts = [draft_len] * batch
+        return base * acceptance_length / (self._verify_time(drafts, contexts) + self.draft_time(drafts))
+
+    def _verify_time(self, draft_lens: Sequence[int], context_lens: Sequence[int]) -> float:
+        if len(draft_lens) != len(context_lens):
+            raise ValueError(f"step_time: {len(draft_lens)} draft lengths for {len(context_lens)} context lengths")
+        if not draft_lens:
+            return 0.0
+        rows = sum(1 + int(d) for d in draft_lens)
+        return self.overhead_s + self.batch_time(len(draft_lens), rows)
