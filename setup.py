@@ -1,4 +1,4 @@
-"""Builds the compiled core of the suffix-tree proposer; everything else is in pyproject.toml."""
+"""Builds the compiled cores of the suffix-tree and n-gram proposers; everything else is in pyproject.toml."""
 
 from pybind11.setup_helpers import Pybind11Extension, build_ext
 from setuptools import setup
@@ -8,10 +8,17 @@ setup(
         Pybind11Extension(
             "spec_plugins.proposers.suffix_tree._core",
             ["proposers/suffix_tree/_core.cpp"],
-            depends=["proposers/suffix_tree/suffix_tree.hpp"],
+            depends=["proposers/suffix_tree/suffix_tree.hpp", "proposers/worker_pool.hpp"],
             cxx_std=17,
             extra_compile_args=["-O3"],
-        )
+        ),
+        Pybind11Extension(
+            "spec_plugins.proposers.ngram._core",
+            ["proposers/ngram/_core.cpp"],
+            depends=["proposers/worker_pool.hpp"],
+            cxx_std=17,
+            extra_compile_args=["-O3"],
+        ),
     ],
     cmdclass={"build_ext": build_ext},
 )

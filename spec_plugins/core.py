@@ -1,8 +1,11 @@
-"""The engine-free core: what a proposer sees, what it returns, and the two protocols.
+"""The engine-free core: what a proposer sees, what it returns, and the protocols.
 
-Adapters (vLLM, TensorRT-LLM, the reference engine) translate their own per-step state into
-`DraftRequest`s, ask a `DraftLengthPolicy` for caps, call a `Proposer`, and check every `Draft`
-against its cap with `check_drafts`. Nothing here imports an engine or torch.
+Per request: a `DraftRequest` in, a `Draft` out. Per step, columnar: a `DraftBatch` in (request ids,
+a token matrix or sequences, lengths, caps), `BatchDrafts` out (flat tokens + offsets), which is what
+the drafting layer (`spec_plugins.drafting`) hands a proposer or policy that declares a batched path.
+The engine adapters (vLLM, TensorRT-LLM, the reference engine) only translate their step into that
+layer. Optional hooks are declared here as protocols, checked once when the layer is built.
+Nothing here imports an engine or torch.
 """
 
 from __future__ import annotations
@@ -54,16 +57,198 @@ class Draft:
         return len(self.tokens)
 
 
+@dataclass
+class DraftBatch:
+    """One drafting step of a whole batch, in columns (row i is one request).
+
+    contexts:     a 2-D token matrix whose row `rows[i]` starts with request i's context (vLLM's
+                  `token_ids_cpu`; read in place), or, with rows=None, one token sequence per request.
+    context_lens: committed tokens of each request (prompt + accepted output).
+    num_new:      tokens appended since the request was last seen (its whole length the first time).
+    max_draft:    each request's cap this step; a proposer may return fewer tokens.
+    features:     per-request target hidden states for model-based drafters, or None.
+    """
+
+    req_ids: Sequence[ReqId]
+    contexts: Any
+    context_lens: np.ndarray
+    num_new: np.ndarray
+    max_draft: np.ndarray
+    rows: np.ndarray | None = None
+    features: Sequence[Any] | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.req_ids)
+        for name in ("context_lens", "num_new", "max_draft"):
+            col = np.asarray(getattr(self, name))
+            if col.shape != (n,):
+                raise ValueError(f"DraftBatch.{name}: expected {n} entries, got shape {col.shape}")
+            if n and (col.dtype.kind not in "iu" or col.min() < 0):
+                raise ValueError(f"DraftBatch.{name}: expected integers >= 0")
+            setattr(self, name, col.astype(np.int64, copy=False))
+        if n and np.any(self.num_new > self.context_lens):
+            i = int(np.argmax(self.num_new > self.context_lens))
+            raise ValueError(f"DraftBatch.num_new: row {i} has {self.num_new[i]} new tokens in a context of "
+                             f"{self.context_lens[i]}")
+        if self.rows is not None:
+            self.rows = np.asarray(self.rows, dtype=np.int64)
+            if self.rows.shape != (n,) or getattr(self.contexts, "ndim", 0) != 2:
+                raise ValueError("DraftBatch.rows: expected one row index per request into a 2-D token matrix")
+            if n and (self.rows.min() < 0 or self.rows.max() >= self.contexts.shape[0]
+                      or self.context_lens.max() > self.contexts.shape[1]):
+                raise ValueError("DraftBatch.rows: a row or a length falls outside the token matrix")
+        elif len(self.contexts) != n:
+            raise ValueError(f"DraftBatch.contexts: expected {n} sequences, got {len(self.contexts)}")
+        if self.features is not None and len(self.features) != n:
+            raise ValueError(f"DraftBatch.features: expected {n} entries, got {len(self.features)}")
+
+    def __len__(self) -> int:
+        return len(self.req_ids)
+
+    def context(self, i: int) -> Sequence[int]:
+        """Request i's committed context (a view where the input allows one)."""
+        if self.rows is None:
+            return self.contexts[i]
+        return self.contexts[self.rows[i], : self.context_lens[i]]
+
+    def requests(self) -> list[DraftRequest]:
+        """The same step as DraftRequests, for proposers and policies without a batched path."""
+        feats = self.features
+        return [
+            DraftRequest(r, self.context(i), int(self.num_new[i]), int(self.max_draft[i]),
+                         None if feats is None else feats[i])
+            for i, r in enumerate(self.req_ids)
+        ]
+
+
+@dataclass
+class BatchDrafts:
+    """The drafts of one step: request i drafted tokens[offsets[i]:offsets[i + 1]].
+
+    confidence: per-token conditional acceptance estimates, flat like tokens, or None.
+    probs:      per-request draft distributions ([len, vocab] or None each), or None for one-hot drafts.
+    """
+
+    tokens: np.ndarray
+    offsets: np.ndarray
+    confidence: np.ndarray | None = None
+    probs: list[Any] | None = None
+
+    def __post_init__(self) -> None:
+        self.tokens = np.asarray(self.tokens)
+        self.offsets = np.asarray(self.offsets, dtype=np.int64)
+        if self.offsets.ndim != 1 or len(self.offsets) == 0 or self.offsets[0] != 0 \
+                or self.offsets[-1] != len(self.tokens) or np.any(np.diff(self.offsets) < 0):
+            raise ValueError("BatchDrafts.offsets: expected 0, non-decreasing, ending at len(tokens)")
+        if self.confidence is not None:
+            self.confidence = np.asarray(self.confidence, dtype=np.float64)
+            if self.confidence.shape != self.tokens.shape:
+                raise ValueError(f"BatchDrafts.confidence: expected {len(self.tokens)} entries, got "
+                                 f"{self.confidence.shape}")
+        if self.probs is not None and len(self.probs) != len(self.offsets) - 1:
+            raise ValueError(f"BatchDrafts.probs: expected {len(self.offsets) - 1} entries, got {len(self.probs)}")
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def lists(self) -> list[list[int]]:
+        """Each request's draft as a list of Python ints (what vLLM and TensorRT-LLM take)."""
+        flat, o = self.tokens.tolist(), self.offsets.tolist()
+        return [flat[o[i]:o[i + 1]] for i in range(len(o) - 1)]
+
+    def draft(self, i: int) -> Draft:
+        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+        return Draft(
+            tokens=self.tokens[a:b].tolist(),
+            probs=None if self.probs is None else self.probs[i],
+            confidence=None if self.confidence is None else self.confidence[a:b].tolist(),
+        )
+
+    def drafts(self) -> list[Draft]:
+        return [self.draft(i) for i in range(len(self))]
+
+    @classmethod
+    def from_drafts(cls, drafts: Sequence[Draft]) -> "BatchDrafts":
+        lengths = [len(d.tokens) for d in drafts]
+        offsets = np.zeros(len(drafts) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        tokens = np.fromiter((int(t) for d in drafts for t in d.tokens), dtype=np.int64, count=int(offsets[-1]))
+        confidence = None
+        if drafts and any(d.confidence is not None for d in drafts):
+            if not all(d.confidence is not None or len(d.tokens) == 0 for d in drafts):
+                raise ValueError("drafts: confidences given for some drafts but not others")
+            confidence = np.fromiter((float(c) for d in drafts for c in (d.confidence or ())), dtype=np.float64,
+                                     count=int(offsets[-1]))
+        probs = [d.probs for d in drafts] if any(d.probs is not None for d in drafts) else None
+        return cls(tokens, offsets, confidence, probs)
+
+    def truncated(self, keep: np.ndarray) -> "BatchDrafts":
+        """The first keep[i] tokens of each draft (never more than it has)."""
+        keep = np.minimum(np.asarray(keep, dtype=np.int64), self.lengths)
+        if np.array_equal(keep, self.lengths):
+            return self
+        starts = self.offsets[:-1]
+        offsets = np.zeros_like(self.offsets)
+        np.cumsum(keep, out=offsets[1:])
+        index = np.repeat(starts - offsets[:-1], keep) + np.arange(offsets[-1])
+        probs = None if self.probs is None else [
+            None if p is None else p[:k] for p, k in zip(self.probs, keep.tolist())]
+        return BatchDrafts(self.tokens[index], offsets,
+                           None if self.confidence is None else self.confidence[index], probs)
+
+
 @runtime_checkable
 class Proposer(Protocol):
     """Drafts tokens for a batch of requests. Engine-free; state is keyed by req_id.
 
-    Optional: `load(target)` for drafters that need the target model (shared embeddings, LM head).
+    Optional hooks are the protocols below (`BatchProposer`, `LoadsTarget`, `TapsTarget`, `HasStats`,
+    `Configurable`).
     """
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]: ...
 
     def finish(self, req_id: ReqId) -> None: ...
+
+
+@runtime_checkable
+class BatchProposer(Protocol):
+    """A proposer with a batched path: one call per step, identical drafts to `propose` for the same
+    histories (tests/test_batched_drafting.py)."""
+
+    def propose_batch(self, batch: DraftBatch) -> BatchDrafts: ...
+
+
+@runtime_checkable
+class LoadsTarget(Protocol):
+    """A drafter that needs the target model (shared embeddings, LM head) before its first step."""
+
+    def load(self, target: Any) -> None: ...
+
+
+@runtime_checkable
+class TapsTarget(Protocol):
+    """A model-based drafter fed target hidden states: the decoder-layer ids whose outputs it reads
+    (`DraftRequest.features`)."""
+
+    target_taps: Sequence[int]
+
+
+@runtime_checkable
+class HasStats(Protocol):
+    """A proposer that reports its state's size (cached requests, nodes, bytes) for traces and soaks."""
+
+    def stats(self) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class Configurable(Protocol):
+    """A proposer or policy class whose keyword options are a pydantic model (validated by the registry)."""
+
+    Options: type[pydantic.BaseModel]
 
 
 @runtime_checkable
@@ -81,8 +266,39 @@ class DraftLengthPolicy(Protocol):
 
     def finish(self, req_id: ReqId) -> None: ...
 
-    # Optional: `trim(requests, drafts) -> list[int]`, the length to keep of each draft, called after
-    # drafting so a policy can use the drafts' own confidences (see `apply_trim`).
+
+@runtime_checkable
+class TrimsDrafts(Protocol):
+    """A policy that chooses after drafting, from the drafts' own confidences: the length to keep of each."""
+
+    def trim(self, requests: Sequence[DraftRequest], drafts: Sequence[Draft]) -> list[int]: ...
+
+
+@runtime_checkable
+class BatchPolicy(Protocol):
+    """A policy with a batched path (the drafting layer uses it instead of caps/trim/observe). A policy
+    that does not trim returns None from `trim_batch`."""
+
+    def caps_batch(self, batch: DraftBatch) -> np.ndarray: ...
+
+    def trim_batch(self, batch: DraftBatch, drafts: BatchDrafts) -> np.ndarray | None: ...
+
+    def observe_batch(self, req_ids: Sequence[ReqId], drafted: np.ndarray, accepted: np.ndarray) -> None: ...
+
+
+@runtime_checkable
+class BatchCapped(Protocol):
+    """A policy with a batch-level limit: the most draft tokens one request may get at this batch size
+    (None: no limit). Engines that set one draft length for the whole step (TensorRT-LLM) read it."""
+
+    def batch_cap(self, batch_size: int) -> int | None: ...
+
+
+@runtime_checkable
+class BindsModel(Protocol):
+    """A policy that costs the engine's own model: engines hand it their model config (a dict)."""
+
+    def bind_model(self, model: Any, source: str = ...) -> None: ...
 
 
 def check_cap(value: Any, name: str, *, allow_zero: bool = False) -> int:
@@ -139,6 +355,16 @@ class FixedLength:
     def finish(self, req_id: ReqId) -> None:
         pass
 
+    # Batched path (BatchPolicy): nothing to learn, nothing to trim.
+    def caps_batch(self, batch: DraftBatch) -> np.ndarray:
+        return batch.max_draft if self.max_draft is None else np.minimum(batch.max_draft, self.max_draft)
+
+    def trim_batch(self, batch: DraftBatch, drafts: BatchDrafts) -> None:
+        return None
+
+    def observe_batch(self, req_ids: Sequence[ReqId], drafted: np.ndarray, accepted: np.ndarray) -> None:
+        pass
+
 
 def apply_policy(policy: DraftLengthPolicy, requests: list[DraftRequest]) -> list[DraftRequest]:
     """Lower each request's max_draft to the policy's cap (never raise it)."""
@@ -167,10 +393,9 @@ def apply_trim(policy: DraftLengthPolicy, requests: Sequence[DraftRequest], draf
 
     Called after `check_drafts`; policies without `trim` leave the drafts as they are.
     """
-    trim = getattr(policy, "trim", None)
-    if trim is None:
+    if not isinstance(policy, TrimsDrafts):
         return drafts
-    lengths = trim(requests, drafts)
+    lengths = policy.trim(requests, drafts)
     if len(lengths) != len(drafts):
         raise ValueError(f"policy: trim returned {len(lengths)} lengths for {len(drafts)} drafts")
     out = []

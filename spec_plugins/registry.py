@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import pydantic
 
-from spec_plugins.core import DraftLengthPolicy, FixedLength, Proposer
+from spec_plugins.core import Configurable, DraftLengthPolicy, FixedLength, Proposer
 
 PROPOSER_GROUP = "spec_plugins.proposers"
 
@@ -86,7 +86,7 @@ def proposer_class(name: str) -> Callable[..., Proposer]:
 
 
 def _validated(factory: Callable[..., Any], options: dict[str, Any], field: str) -> dict[str, Any]:
-    model = getattr(factory, "Options", None)
+    model = factory.Options if isinstance(factory, Configurable) else None
     if model is None:
         return options
     try:

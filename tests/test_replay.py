@@ -168,7 +168,7 @@ def test_cli_json_and_traces(tmp_path, tok_dir, workload, monkeypatch) -> None:
     for key in ("acceptance_length", "speculate_us_median", "update_us_per_token", "steps", "finish_us_per_token"):
         assert key in stats
     assert report["proposers"]["ngram"]["steps"] == stats["steps"]
-    assert report["config"]["options"]["ngram"] == {"min_ngram": 2, "max_ngram": 4}
+    assert report["config"]["options"]["ngram"] == {"min_ngram": 2, "max_ngram": 4, "threads": -1, "parallel_from": 64}
 
     for name, has_conf in (("ngram", False), ("replay_test_conf", True)):
         doc = read_trace(traces / "tiny" / f"{name}.json")
@@ -204,7 +204,8 @@ def test_unknown_proposer_and_bad_options(capsys, workload) -> None:
 
 def test_labels_run_one_proposer_twice() -> None:
     assert isinstance(replay.make_proposer("ngram@small", {"max_ngram": 2}), NgramProposer)
-    assert replay.effective_options("ngram@small", {"max_ngram": 2}) == {"min_ngram": 2, "max_ngram": 2}
+    assert replay.effective_options("ngram@small", {"max_ngram": 2}) == {"min_ngram": 2, "max_ngram": 2, "threads": -1,
+                                                                         "parallel_from": 64}
 
 
 def test_arctic_adapter_on_a_repetitive_sequence(rows) -> None:

@@ -160,7 +160,7 @@ def test_absent_requests_are_finished_after_stale_steps():
         prop.propose([[6]], num, ids)
     assert rec.finished == []
     prop.propose([[6]], num, ids)
-    assert rec.finished == ["a"] and set(prop._last_seen) == {"b"}
+    assert rec.finished == ["a"] and prop.drafting.tracked() == ["b"]
 
 
 def test_without_the_plugin_rows_stand_for_requests():

@@ -3,6 +3,10 @@
 Find the longest n-gram (max_ngram down to min_ngram tokens) ending the context that also occurs
 earlier in the context, take its earliest occurrence (as vLLM's ngram proposer does), and draft the
 tokens that followed it. Stateless: every call looks at the whole context.
+
+`propose_batch`, the serving path, runs the same rule for the whole batch in one compiled call
+(`_core.cpp`: GIL released, rows spread over threads from `parallel_from` rows up); `lookup` is the
+numpy reference it is tested against.
 """
 
 from __future__ import annotations
@@ -12,7 +16,15 @@ from typing import Sequence
 import numpy as np
 import pydantic
 
-from spec_plugins.core import Draft, DraftRequest
+from spec_plugins.core import BatchDrafts, Draft, DraftBatch, DraftRequest
+
+try:
+    from spec_plugins.proposers.ngram import _core
+except ImportError as exc:  # pragma: no cover - only without a build
+    raise ImportError(
+        "spec_plugins.proposers.ngram._core is not built; install the package with `pip install -e .` "
+        f"(needs a C++17 compiler): {exc}"
+    ) from exc
 
 
 class NgramProposer:
@@ -22,6 +34,8 @@ class NgramProposer:
         model_config = pydantic.ConfigDict(extra="forbid")
         min_ngram: int = pydantic.Field(default=2, ge=1)
         max_ngram: int = pydantic.Field(default=5, ge=1)
+        threads: int = pydantic.Field(default=-1, ge=-1, le=256, description="-1: one per extra core, <= 3; 0: none")
+        parallel_from: int = pydantic.Field(default=64, ge=1, description="batch size from which threads are used")
 
         @pydantic.model_validator(mode="after")
         def _ordered(self) -> "NgramProposer.Options":
@@ -29,12 +43,20 @@ class NgramProposer:
                 raise ValueError(f"min_ngram ({self.min_ngram}) must be <= max_ngram ({self.max_ngram})")
             return self
 
-    def __init__(self, min_ngram: int = 2, max_ngram: int = 5) -> None:
-        opts = self.Options(min_ngram=min_ngram, max_ngram=max_ngram)
+    def __init__(self, min_ngram: int = 2, max_ngram: int = 5, threads: int = -1, parallel_from: int = 64) -> None:
+        opts = self.Options(min_ngram=min_ngram, max_ngram=max_ngram, threads=threads, parallel_from=parallel_from)
         self.min_ngram, self.max_ngram = opts.min_ngram, opts.max_ngram
+        self._batch = _core.NgramBatch(opts.min_ngram, opts.max_ngram, opts.threads, opts.parallel_from)
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         return [Draft(self.lookup(np.asarray(r.tokens), r.max_draft)) for r in requests]
+
+    def propose_batch(self, batch: DraftBatch) -> BatchDrafts:
+        contexts = batch.contexts
+        if batch.rows is None:
+            contexts = [np.asarray(c) for c in contexts]
+        tokens, offsets = self._batch.propose(contexts, batch.rows, batch.context_lens, batch.max_draft)
+        return BatchDrafts(tokens, offsets)
 
     def finish(self, req_id) -> None:
         pass

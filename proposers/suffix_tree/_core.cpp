@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "suffix_tree.hpp"
@@ -13,6 +14,17 @@ namespace py = pybind11;
 using namespace suffix_tree;
 
 namespace {
+
+// A 1-D int64 column (converting other integer dtypes), of length n unless n is -1.
+py::array_t<long long> int64_column(py::handle obj, const char* what, long long n = -1) {
+  py::array arr = py::array::ensure(obj);
+  if (!arr || arr.ndim() != 1 || (arr.size() > 0 && arr.dtype().kind() != 'i' && arr.dtype().kind() != 'u'))
+    throw py::value_error(std::string(what) + ": expected a 1-D integer array");
+  if (n >= 0 && arr.shape(0) != n)
+    throw py::value_error(std::string(what) + ": expected " + std::to_string(n) + " entries, got " +
+                          std::to_string(arr.shape(0)));
+  return py::array_t<long long, py::array::c_style | py::array::forcecast>::ensure(arr);
+}
 
 [[noreturn]] void bad_token(const char* what, Py_ssize_t i, const std::string& got) {
   throw py::value_error(std::string(what) + ": token id at position " + std::to_string(i) +
@@ -229,6 +241,123 @@ class PyCache {
     require(key, "speculate");
     return to_python(cache_.speculate(key, check_max_tokens(max_tokens)));
   }
+  // The batched step (Cache::step): one call for the whole batch, drafting with the GIL released.
+  //   keys:       int64 [B], distinct
+  //   contexts:   a 2-D integer matrix whose row rows[i] holds request i's context (vLLM's token_ids_cpu),
+  //               or, with rows=None, a sequence of B token sequences
+  //   lens, num_new, max_tokens: int64 [B]
+  // Returns (tokens int32 [T], confidence float64 [T], offsets int64 [B + 1], status int8 [B]): row i's
+  // draft is tokens[offsets[i]:offsets[i + 1]], its per-token conditional confidences alike, and
+  // status[i] is 0 (continued), 1 (started) or 2 (started over).
+  py::tuple step_batch(py::handle keys_obj, py::handle contexts, py::handle rows_obj, py::handle lens_obj,
+                       py::handle num_new_obj, py::handle max_tokens_obj) {
+    const auto keys = int64_column(keys_obj, "keys");
+    const size_t n = size_t(keys.shape(0));
+    const auto lens = int64_column(lens_obj, "lens", n);
+    const auto num_new = int64_column(num_new_obj, "num_new", n);
+    const auto max_tokens = int64_column(max_tokens_obj, "max_tokens", n);
+    auto K = keys.unchecked<1>();
+    auto L = lens.unchecked<1>();
+    auto N = num_new.unchecked<1>();
+    auto M = max_tokens.unchecked<1>();
+
+    // Rows of a matrix are read in place when they are int32 and contiguous; anything else is copied.
+    py::array matrix;
+    py::array_t<long long> rows;
+    const bool is_matrix = py::isinstance<py::array>(contexts);
+    py::object seqs;
+    if (is_matrix) {
+      matrix = py::reinterpret_borrow<py::array>(contexts);
+      if (matrix.ndim() != 2) throw py::value_error("contexts: expected a 2-D token matrix or a list of sequences");
+      if (rows_obj.is_none()) throw py::value_error("rows: required with a token matrix");
+      rows = int64_column(rows_obj, "rows", n);
+    } else {
+      if (!rows_obj.is_none()) throw py::value_error("rows: only with a token matrix");
+      seqs = py::reinterpret_steal<py::object>(PySequence_Fast(contexts.ptr(), "contexts: expected a sequence"));
+      if (!seqs) throw py::error_already_set();
+      if (size_t(PySequence_Fast_GET_SIZE(seqs.ptr())) != n)
+        throw py::value_error("contexts: expected " + std::to_string(n) + " sequences");
+    }
+    const bool direct = is_matrix && matrix.dtype().kind() == 'i' && matrix.itemsize() == 4 &&
+                        matrix.strides(1) == 4;
+    std::unordered_set<long long> seen;
+    seen.reserve(n * 2);
+    std::vector<Cache::Row> plan(n);
+    std::vector<std::vector<i32>> copies(n);
+    for (size_t i = 0; i < n; ++i) {
+      const long long key = K(i), len = L(i);
+      if (!seen.insert(key).second) throw py::value_error("keys: key " + std::to_string(key) + " appears twice");
+      if (len < 0) throw py::value_error("lens: row " + std::to_string(i) + " is negative");
+      Cache::Row& row = plan[i];
+      row.key = key;
+      row.max_tokens = check_max_tokens(M(i));
+      row.kind = cache_.classify(key, size_t(len), N(i));
+      const size_t from = row.kind == Cache::kContinue ? size_t(len - N(i)) : 0;
+      row.count = size_t(len) - from;
+      const std::string what = "contexts row " + std::to_string(i);
+      if (is_matrix) {
+        const long long r = rows.at(Py_ssize_t(i));
+        if (r < 0 || r >= matrix.shape(0)) throw py::value_error("rows: row " + std::to_string(i) + " out of range");
+        if (len > matrix.shape(1)) throw py::value_error("lens: row " + std::to_string(i) + " exceeds the matrix");
+        if (direct) {
+          const auto* base = static_cast<const std::int32_t*>(matrix.data()) + r * (matrix.strides(0) / 4);
+          for (size_t j = from; j < size_t(len); ++j)
+            if (base[j] < 0) bad_token(what.c_str(), Py_ssize_t(j), std::to_string(base[j]));
+          row.tok = base + from;
+          continue;
+        }
+        py::array slice = matrix.attr("__getitem__")(py::make_tuple(r, py::slice(0, len, 1)));
+        read_tokens(slice, copies[i], what.c_str(), Py_ssize_t(from));
+      } else {
+        py::handle seq = PySequence_Fast_GET_ITEM(seqs.ptr(), Py_ssize_t(i));
+        const Py_ssize_t got = read_tokens(seq, copies[i], what.c_str(), Py_ssize_t(from));
+        if (got != len) throw py::value_error("lens: row " + std::to_string(i) + " is " + std::to_string(len) +
+                                              ", its sequence has " + std::to_string(got) + " tokens");
+      }
+      row.tok = copies[i].data();
+    }
+
+    std::vector<Draft> drafts;
+    {
+      py::gil_scoped_release release;
+      if (n >= parallel_from_ && workers_ != 0 && !pool_) pool_ = std::make_unique<spec_plugins::WorkerPool>(workers_);
+      cache_.step(plan, drafts, pool_.get(), parallel_from_);
+    }
+
+    size_t total = 0;
+    for (const Draft& d : drafts) total += d.tokens.size();
+    py::array_t<std::int32_t> tokens(total);
+    py::array_t<double> confidence(total);
+    py::array_t<long long> offsets(n + 1);
+    py::array_t<signed char> status(n);
+    auto T = tokens.mutable_unchecked<1>();
+    auto C = confidence.mutable_unchecked<1>();
+    auto O = offsets.mutable_unchecked<1>();
+    auto S = status.mutable_unchecked<1>();
+    size_t at = 0;
+    O(0) = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const Draft& d = drafts[i];
+      double prev = 1.0;  // path probabilities -> per-token conditionals, as Draft.confidence wants
+      for (size_t k = 0; k < d.tokens.size(); ++k, ++at) {
+        T(at) = d.tokens[k];
+        C(at) = prev > 0 ? d.probs[k] / prev : 0.0;
+        prev = d.probs[k];
+      }
+      O(i + 1) = (long long)at;
+      S(i) = plan[i].kind;
+    }
+    return py::make_tuple(tokens, confidence, offsets, status);
+  }
+  void set_parallel(long long workers, long long parallel_from) {
+    if (workers < -1 || workers > 256) throw py::value_error("threads: expected -1 (auto), 0 (off) or up to 256");
+    if (parallel_from < 1) throw py::value_error("parallel_from: expected an integer >= 1");
+    workers_ = workers < 0 ? spec_plugins::default_workers() : int(workers);
+    parallel_from_ = size_t(parallel_from);
+    pool_.reset();
+  }
+  int workers() const { return workers_; }
+
   bool finish(long long key) { return cache_.finish(key); }
   long long length(long long key) {
     require(key, "length");
@@ -270,6 +399,9 @@ class PyCache {
       throw py::value_error(std::string(what) + ": request " + std::to_string(key) + " is not active");
   }
   std::vector<i32> buf_;
+  int workers_ = spec_plugins::default_workers();
+  size_t parallel_from_ = 64;
+  std::unique_ptr<spec_plugins::WorkerPool> pool_;
 };
 
 }  // namespace
@@ -317,6 +449,12 @@ PYBIND11_MODULE(_core, m) {
       .def("sync_speculate", &PyCache::sync_speculate, py::arg("key"), py::arg("tokens"), py::arg("num_new"),
            py::arg("max_tokens"))
       .def("speculate", &PyCache::speculate, py::arg("key"), py::arg("max_tokens"))
+      .def("step_batch", &PyCache::step_batch, py::arg("keys"), py::arg("contexts"), py::arg("rows"),
+           py::arg("lens"), py::arg("num_new"), py::arg("max_tokens"))
+      .def("set_parallel", &PyCache::set_parallel, py::arg("threads"), py::arg("parallel_from"),
+           "Worker threads for batched drafting (-1: one per extra core, at most 3; 0: none) and the batch "
+           "size from which they are used.")
+      .def_property_readonly("threads", &PyCache::workers)
       .def("finish", &PyCache::finish, py::arg("key"))
       .def("length", &PyCache::length, py::arg("key"))
       .def("local_count", &PyCache::local_count, py::arg("key"), py::arg("pattern"))

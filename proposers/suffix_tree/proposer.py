@@ -15,15 +15,19 @@ same h before the two compare, and the copy wins ties. This is what lifts code e
 answers (benchmarks/suffix_tree_results.md); ``copy_min_prob`` trades draft length for acceptance.
 
 All the work is in `_core` (suffix_tree.hpp); this class maps request ids and checks the context.
+`propose_batch` is the serving path: one call into the core per engine step for the whole batch
+(ingest every request's new tokens, then draft all of them with the GIL released, on worker threads
+from `parallel_from` requests up); its drafts are the same as `propose`'s for the same histories.
 """
 
 from __future__ import annotations
 
 from typing import Any, Hashable, Literal, Sequence
 
+import numpy as np
 import pydantic
 
-from spec_plugins.core import Draft, DraftRequest
+from spec_plugins.core import BatchDrafts, Draft, DraftBatch, DraftRequest
 
 try:
     from spec_plugins.proposers.suffix_tree import _core
@@ -79,6 +83,11 @@ class SuffixTreeProposer:
         # Per-token reliability of a copy after m matched tokens: 1 - c / (m + d), fitted on the replays.
         copy_hazard_c: float = pydantic.Field(default=1.3, ge=0.0, le=1e6)
         copy_hazard_d: float = pydantic.Field(default=0.8, ge=0.0, le=1e6)
+        # Batched drafting on this host: the drafts are the same whatever these are.
+        threads: int = pydantic.Field(
+            default=-1, ge=-1, le=256, description="worker threads for a batched step (-1: one per extra core, <= 3)"
+        )
+        parallel_from: int = pydantic.Field(default=64, ge=1, description="batch size from which threads are used")
 
     def __init__(self, **options: Any) -> None:
         try:
@@ -106,6 +115,7 @@ class SuffixTreeProposer:
             copy_hazard_c=o.copy_hazard_c,
             copy_hazard_d=o.copy_hazard_d,
         )
+        self._core.set_parallel(o.threads, o.parallel_from)
         self._keys: dict[Hashable, int] = {}
         self._next_key = 0
 
@@ -129,6 +139,20 @@ class SuffixTreeProposer:
                     tokens, conf, _, _ = core.speculate(key, r.max_draft)
             out.append(Draft(tokens, None, _conditional(conf)))
         return out
+
+    def propose_batch(self, batch: DraftBatch) -> BatchDrafts:
+        keys = self._keys
+        get = keys.get
+        ks = np.fromiter((get(r, -1) for r in batch.req_ids), dtype=np.int64, count=len(batch))
+        for i in np.flatnonzero(ks < 0).tolist():
+            ks[i] = keys[batch.req_ids[i]] = self._next_key
+            self._next_key += 1
+        try:
+            tokens, confidence, offsets, _ = self._core.step_batch(
+                ks, batch.contexts, batch.rows, batch.context_lens, batch.num_new, batch.max_draft)
+        except ValueError as exc:
+            raise ValueError(f"suffix_tree: {exc}") from None
+        return BatchDrafts(tokens, offsets, confidence)
 
     def finish(self, req_id: Hashable) -> None:
         """Moves the response into the global tree and frees the request (unknown ids are ignored)."""

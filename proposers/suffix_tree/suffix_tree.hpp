@@ -37,11 +37,14 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
+
+#include "../worker_pool.hpp"
 
 namespace suffix_tree {
 
@@ -288,6 +291,15 @@ class Tree {
     });
   }
 
+  // Between begin_shared_reads() and end_shared_reads() speculate() may run on several threads at
+  // once (nothing else may): lazily recomputed best children are cached only at the end.
+  void begin_shared_reads() { shared_reads_ = true; }
+  void end_shared_reads() {
+    shared_reads_ = false;
+    for (i32 p : deferred_) best_child(p);
+    deferred_.clear();
+  }
+
   // Consistency check for tests: throws std::logic_error naming the first broken invariant.
   void validate() const;
 
@@ -369,6 +381,13 @@ class Tree {
     if (b != kNone)
       for (i32 c = nodes_[b].next; c != kNone; c = nodes_[c].next)
         if (better(c, b, pd)) b = c;
+    if (shared_reads_) {
+      // Several threads draft from this tree at once: leave the node as it is and cache its best
+      // child after they are done (settle_deferred), so readers never race a writer.
+      std::lock_guard<std::mutex> lock(*deferred_mu_);
+      deferred_.push_back(p);
+      return b;
+    }
     nodes_[p].best = b;
     return b;
   }
@@ -557,10 +576,12 @@ class Tree {
       if (room <= best.score) continue;
       i32 v, d;
       if (!locus(L, v, d)) continue;
-      if (follow(v, d, room, sp.min_prob, best.score, scratch_) && scratch_.score > best.score) {
-        std::swap(best.tokens, scratch_.tokens);
-        std::swap(best.probs, scratch_.probs);
-        best.score = scratch_.score;
+      // Per thread, not per tree: the global tree is searched by several threads in a batched step.
+      thread_local Draft scratch;
+      if (follow(v, d, room, sp.min_prob, best.score, scratch) && scratch.score > best.score) {
+        std::swap(best.tokens, scratch.tokens);
+        std::swap(best.probs, scratch.probs);
+        best.score = scratch.score;
         best.match_len = L;
       }
     }
@@ -606,7 +627,9 @@ class Tree {
   u64 next_order_ = 0;
   u64 removed_ = 0;          // sequences evicted so far (Node::oldest is exact while none is)
   i32 last_writer_ = kNone;  // sequence appended last
-  Draft scratch_;
+  bool shared_reads_ = false;
+  std::vector<i32> deferred_;  // dirty nodes met during shared reads
+  std::unique_ptr<std::mutex> deferred_mu_ = std::make_unique<std::mutex>();
 };
 
 // ---- copy drafts: continue the request's own text where its tail occurred before ----------------
@@ -746,6 +769,14 @@ struct CacheOptions {
 };
 
 class Cache {
+  struct Req {
+    std::unique_ptr<Tree> local;
+    Copier copier;
+    i32 seq = 0;
+    size_t prompt_len = 0;
+    i32 gseq = kNone;  // in-flight slot in the global tree (cache_active), kNone once evicted
+  };
+
  public:
   explicit Cache(const CacheOptions& o) : o_(o), global_(o.max_depth, o.tie) {}
 
@@ -777,8 +808,9 @@ class Cache {
     return r.local->seq(r.seq).tok.size();
   }
 
-  Draft speculate(long long key, i32 max_tokens) {
-    Req& r = get(key);
+  Draft speculate(long long key, i32 max_tokens) { return speculate(get(key), max_tokens); }
+
+  Draft speculate(Req& r, i32 max_tokens) {
     Draft best;
     r.local->speculate_self(r.seq, max_tokens, o_.spec, best);
     const Seq& S = r.local->seq(r.seq);
@@ -796,6 +828,64 @@ class Cache {
   }
 
   const Copier& copier(long long key) { return get(key).copier; }
+
+  // One engine step for a whole batch, rows with distinct keys. Row i either continues its request
+  // (tok[0..count) are the tokens appended since it was last seen) or starts it (tok[0..count) is the
+  // whole context; kRestart first finishes the request the key named before). What writes the global
+  // tree -- starts, restarts, and every append when in-flight responses are cached -- runs first, on
+  // this thread, in row order. Then each row's own work (its appends, then its draft, while its tree
+  // is in cache) runs on `pool` when the batch has at least `parallel_from` rows: per-request trees
+  // are independent and the global tree is only read.
+  enum RowKind : signed char { kContinue = 0, kStart = 1, kRestart = 2 };
+  struct Row {
+    long long key;
+    const i32* tok;
+    size_t count;
+    i32 max_tokens;
+    RowKind kind;
+  };
+  // What a row must be, given this cache: kContinue when the request is known and `len` is its
+  // length plus num_new, else a (re)start.
+  RowKind classify(long long key, size_t len, long long num_new) const {
+    auto it = reqs_.find(key);
+    if (it == reqs_.end()) return kStart;
+    const size_t have = it->second.local->seq(it->second.seq).tok.size();
+    return num_new >= 0 && have + size_t(num_new) == len ? kContinue : kRestart;
+  }
+  void step(const std::vector<Row>& rows, std::vector<Draft>& out, spec_plugins::WorkerPool* pool,
+            size_t parallel_from) {
+    const size_t n = rows.size();
+    out.resize(n);
+    const bool shared_appends = o_.cache_active && o_.max_cached > 0;  // appends also extend the global tree
+    for (const Row& row : rows) {
+      if (row.kind == kContinue) {
+        if (shared_appends) append(row.key, row.tok, row.count);
+        continue;
+      }
+      if (row.kind == kRestart) finish(row.key);
+      start(row.key, std::vector<i32>(row.tok, row.tok + row.count));
+    }
+    // Requests are looked up before any thread starts: the map is not touched while they run.
+    std::vector<Req*> reqs(n);
+    for (size_t i = 0; i < n; ++i) reqs[i] = &get(rows[i].key);
+    auto own = [&](size_t i) {
+      const Row& row = rows[i];
+      if (row.kind == kContinue && !shared_appends) feed(*reqs[i], row.tok, row.count);
+      out[i] = speculate(*reqs[i], row.max_tokens);
+    };
+    if (pool == nullptr || n < parallel_from) {
+      for (size_t i = 0; i < n; ++i) own(i);
+      return;
+    }
+    global_.begin_shared_reads();
+    try {
+      pool->run(n, 4, own);
+    } catch (...) {
+      global_.end_shared_reads();
+      throw;
+    }
+    global_.end_shared_reads();
+  }
 
   // Moves the response into the global tree (unless it is already there) and frees the request.
   bool finish(long long key) {
@@ -840,13 +930,6 @@ class Cache {
   }
 
  private:
-  struct Req {
-    std::unique_ptr<Tree> local;
-    Copier copier;
-    i32 seq = 0;
-    size_t prompt_len = 0;
-    i32 gseq = kNone;  // in-flight slot in the global tree (cache_active), kNone once evicted
-  };
 
   void feed(Req& r, const i32* tok, size_t n) {
     if (!o_.copy.on) return r.local->extend(r.seq, tok, n);

@@ -2,6 +2,9 @@
 
 Two sources, both learnt online from what verification accepted:
 
+Both take a whole step at once (`observe_batch`/`observe_dense`, `conditional_batch`/`calibrate_dense`):
+one step's observations are applied together, each decayed by the ones after it, as if one at a time.
+
 * `HistoryEstimator` -- counts per draft position, per request, shrunk towards the pooled counts of
   all requests (a Beta prior whose mean is the pooled rate). Old steps fade (`decay`), so a request
   that moves from copying code to writing new code stops being trusted after a few steps.
@@ -20,6 +23,8 @@ from typing import Any, Hashable, Sequence
 
 import numpy as np
 
+from spec_plugins.slots import RequestSlots
+
 
 def conditional_outcomes(drafted: int, accepted: int) -> tuple[int, int]:
     """(positions tried, positions accepted) of one verified draft."""
@@ -28,56 +33,102 @@ def conditional_outcomes(drafted: int, accepted: int) -> tuple[int, int]:
     return min(accepted + 1, drafted), accepted
 
 
-class PositionCounts:
-    """Exponentially decayed trials and successes per draft position."""
+def outcome_masks(drafted: np.ndarray, accepted: np.ndarray, positions: int) -> tuple[np.ndarray, np.ndarray]:
+    """(tried, succeeded) as [m, positions] 0/1 matrices for m verified drafts (checked like
+    `conditional_outcomes`)."""
+    drafted = np.asarray(drafted, dtype=np.int64)
+    accepted = np.asarray(accepted, dtype=np.int64)
+    bad = (accepted < 0) | (accepted > drafted)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        conditional_outcomes(int(drafted[i]), int(accepted[i]))  # raises the one-line error
+    tried = np.minimum(accepted + 1, drafted)
+    j = np.arange(positions)[None, :]
+    return (j < tried[:, None]).astype(np.float64), (j < accepted[:, None]).astype(np.float64)
 
-    def __init__(self, max_positions: int, decay: float) -> None:
-        self.trials = np.zeros(max_positions)
-        self.successes = np.zeros(max_positions)
-        self.decay = decay
 
-    def update(self, drafted: int, accepted: int) -> None:
-        tried, ok = conditional_outcomes(drafted, accepted)
-        tried, ok = min(tried, len(self.trials)), min(ok, len(self.trials))
-        self.trials *= self.decay
-        self.successes *= self.decay
-        self.trials[:tried] += 1.0
-        self.successes[:ok] += 1.0
-
-    def rates(self, prior_mean: np.ndarray, prior_weight: float) -> np.ndarray:
-        return (self.successes + prior_weight * prior_mean) / (self.trials + prior_weight)
+def decayed_sum(counts: np.ndarray, events: np.ndarray, decay: float) -> np.ndarray:
+    """Counts after m observations in order (events [m, w], w <= len(counts): the first w positions),
+    each decaying what came before by `decay`: the same as applying them one at a time (exactly so
+    for one), in a single array operation."""
+    m, w = events.shape
+    if m == 1:
+        out = counts * decay
+        out[:w] += events[0]
+        return out
+    weights = decay ** np.arange(m - 1, -1, -1, dtype=np.float64)
+    out = counts * decay**m
+    out[:w] += weights @ events
+    return out
 
 
 class HistoryEstimator:
-    """Per-request conditional acceptance per position from past verifications."""
+    """Per-request conditional acceptance per position from past verifications.
+
+    Per-request counts live in slot columns (`RequestSlots`); one step's observations are applied as
+    one array operation (`observe_batch`), and `conditional_batch` reads many requests at once.
+    """
 
     def __init__(self, max_positions: int, *, decay: float = 0.9, request_prior_weight: float = 3.0,
                  pooled_decay: float = 0.999, pooled_prior: float = 0.5, pooled_prior_weight: float = 2.0) -> None:
         self.max_positions = max_positions
         self.decay = decay
         self.request_prior_weight = request_prior_weight
-        self.pooled = PositionCounts(max_positions, pooled_decay)
+        self.pooled_decay = pooled_decay
+        self.pooled_trials = np.zeros(max_positions)
+        self.pooled_successes = np.zeros(max_positions)
         self.pooled_prior = np.full(max_positions, pooled_prior)
         self.pooled_prior_weight = pooled_prior_weight
-        self.requests: dict[Hashable, PositionCounts] = {}
+        self.requests = RequestSlots(trials=((max_positions,), np.float64, 0.0),
+                                     successes=((max_positions,), np.float64, 0.0))
 
     def observe(self, req_id: Hashable, drafted: int, accepted: int) -> None:
-        if drafted <= 0:
+        self.observe_batch([req_id], np.array([drafted]), np.array([accepted]))
+
+    def observe_batch(self, req_ids: Sequence[Hashable], drafted: np.ndarray, accepted: np.ndarray) -> None:
+        """One verified draft per request (distinct requests; drafts of 0 tokens are ignored)."""
+        drafted = np.asarray(drafted, dtype=np.int64)
+        keep = drafted > 0
+        if not keep.any():
             return
-        self.pooled.update(drafted, accepted)
-        counts = self.requests.get(req_id)
-        if counts is None:
-            counts = self.requests[req_id] = PositionCounts(self.max_positions, self.decay)
-        counts.update(drafted, accepted)
+        if not keep.all():
+            req_ids = [r for r, k in zip(req_ids, keep.tolist()) if k]
+            drafted, accepted = drafted[keep], np.asarray(accepted)[keep]
+        # Only the first max(drafted) positions were tried; the rest only decay.
+        w = min(int(drafted.max()), self.max_positions)
+        tried, ok = outcome_masks(drafted, accepted, w)
+        self.pooled_trials = decayed_sum(self.pooled_trials, tried, self.pooled_decay)
+        self.pooled_successes = decayed_sum(self.pooled_successes, ok, self.pooled_decay)
+        slots, _ = self.requests.lookup(req_ids)
+        for name, events in (("trials", tried), ("successes", ok)):
+            col = self.requests[name]
+            rows = col[slots] * self.decay
+            rows[:, :w] += events
+            col[slots] = rows
+
+    def pooled_rates(self) -> np.ndarray:
+        return (self.pooled_successes + self.pooled_prior_weight * self.pooled_prior) / (
+            self.pooled_trials + self.pooled_prior_weight)
 
     def conditional(self, req_id: Hashable) -> np.ndarray:
         """Conditional acceptance per position, shape [max_positions]."""
-        pooled = self.pooled.rates(self.pooled_prior, self.pooled_prior_weight)
-        counts = self.requests.get(req_id)
-        return pooled if counts is None else counts.rates(pooled, self.request_prior_weight)
+        return self.conditional_batch([req_id])[0]
+
+    def conditional_batch(self, req_ids: Sequence[Hashable]) -> np.ndarray:
+        """[len(req_ids), max_positions]: each request's own rates shrunk to the pooled ones (the pooled
+        rates for a request never observed)."""
+        pooled = self.pooled_rates()
+        slots, _ = self.requests.lookup(req_ids, create=False)
+        out = np.broadcast_to(pooled, (len(req_ids), self.max_positions)).copy()
+        seen = slots >= 0
+        if seen.any():
+            idx = slots[seen]
+            w = self.request_prior_weight
+            out[seen] = (self.requests["successes"][idx] + w * pooled) / (self.requests["trials"][idx] + w)
+        return out
 
     def finish(self, req_id: Hashable) -> None:
-        self.requests.pop(req_id, None)
+        self.requests.release(req_id)
 
 
 def position_bucket(j: int) -> int:
@@ -85,8 +136,14 @@ def position_bucket(j: int) -> int:
     return 0 if j == 0 else min(4, int(np.log2(j)) + 1)
 
 
+_BUCKETS = np.array([position_bucket(j) for j in range(4097)])  # max_positions is at most 4096
+
+
 class ConfidenceCalibrator:
-    """Histogram-binned calibration of a proposer's conditional per-token confidences."""
+    """Histogram-binned calibration of a proposer's conditional per-token confidences.
+
+    The dense forms take a step's drafts as a [n, K] matrix (row r's first lengths[r] entries count).
+    """
 
     def __init__(self, bins: int = 20, prior_weight: float = 4.0, decay: float = 0.9999) -> None:
         self.bins = bins
@@ -95,31 +152,47 @@ class ConfidenceCalibrator:
         self.trials = np.zeros((5, bins))
         self.successes = np.zeros((5, bins))
 
-    def _cells(self, confidence: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
-        c = np.clip(np.asarray(confidence, dtype=float), 0.0, 1.0)
-        b = np.minimum((c * self.bins).astype(int), self.bins - 1)
-        pos = np.array([position_bucket(j) for j in range(len(c))], dtype=int)
-        return pos, b
+    def _cells(self, c: np.ndarray) -> np.ndarray:
+        """Flat (position bucket, bin) cell of every entry of a clipped confidence matrix [n, K]."""
+        b = np.minimum((c * self.bins).astype(np.int64), self.bins - 1)
+        return _BUCKETS[: c.shape[1]] * self.bins + b
 
     def calibrate(self, confidence: Sequence[float]) -> np.ndarray:
         """Calibrated conditional acceptance for each drafted position."""
         if len(confidence) == 0:
             return np.zeros(0)
+        return self.calibrate_dense(np.asarray(confidence, dtype=float)[None, :])[0]
+
+    def calibrate_dense(self, confidence: np.ndarray) -> np.ndarray:
+        """calibrate() of every row of a [n, K] matrix (entries past a draft's end are read but unused)."""
         c = np.clip(np.asarray(confidence, dtype=float), 0.0, 1.0)
-        pos, b = self._cells(c)
-        t, s = self.trials[pos, b], self.successes[pos, b]
+        cell = self._cells(c)
+        t, s = self.trials.ravel()[cell], self.successes.ravel()[cell]
         return (s + self.prior_weight * c) / (t + self.prior_weight)
 
     def observe(self, confidence: Sequence[float], accepted: int) -> None:
         """One verified draft whose kept positions had these raw confidences."""
-        tried, ok = conditional_outcomes(len(confidence), accepted)
-        if tried == 0:
+        conf = np.asarray(confidence, dtype=float)
+        self.observe_dense(conf[None, :], np.array([len(conf)]), np.array([accepted]))
+
+    def observe_dense(self, confidence: np.ndarray, drafted: np.ndarray, accepted: np.ndarray) -> None:
+        """m verified drafts at once: row i's first drafted[i] raw confidences, accepted[i] accepted."""
+        drafted = np.asarray(drafted, dtype=np.int64)
+        keep = drafted > 0
+        if not keep.any():
             return
-        pos, b = self._cells(confidence[:tried])
-        self.trials *= self.decay
-        self.successes *= self.decay
-        np.add.at(self.trials, (pos, b), 1.0)
-        np.add.at(self.successes, (pos[:ok], b[:ok]), 1.0)
+        confidence, drafted, accepted = confidence[keep], drafted[keep], np.asarray(accepted)[keep]
+        tried, ok = outcome_masks(drafted, accepted, confidence.shape[1])
+        cell = self._cells(np.clip(confidence, 0.0, 1.0)).ravel()
+        m = len(drafted)
+        # Observation i is decayed by the m - 1 - i observations after it, as one at a time would.
+        weight = np.repeat(self.decay ** np.arange(m - 1, -1, -1, dtype=np.float64), confidence.shape[1])
+        size = 5 * self.bins
+        add_t = np.bincount(cell, weights=weight * tried.ravel(), minlength=size).reshape(5, self.bins)
+        add_s = np.bincount(cell, weights=weight * ok.ravel(), minlength=size).reshape(5, self.bins)
+        scale = self.decay if m == 1 else self.decay**m
+        self.trials = self.trials * scale + add_t
+        self.successes = self.successes * scale + add_s
 
     def state(self) -> dict[str, Any]:
         return {"trials": self.trials.tolist(), "successes": self.successes.tolist()}

@@ -26,14 +26,20 @@ from typing import Any, Hashable, Literal, Sequence
 import numpy as np
 import pydantic
 
-from spec_plugins.core import Draft, DraftRequest
-from spec_plugins.policy.acceptance import ConfidenceCalibrator, HistoryEstimator, survival
-from spec_plugins.policy.allocator import StepCost, allocate
+from spec_plugins.core import BatchDrafts, Draft, DraftBatch, DraftRequest
+from spec_plugins.policy.acceptance import ConfidenceCalibrator, HistoryEstimator
+from spec_plugins.policy.allocator import StepCost, allocate_batch
 from spec_plugins.policy.cost import step_cost
+from spec_plugins.slots import RequestSlots
 
 
 class AdaptiveLength:
-    """Goodput-optimal draft lengths from a step-cost model and live acceptance estimates."""
+    """Goodput-optimal draft lengths from a step-cost model and live acceptance estimates.
+
+    The batched methods (`caps_batch`, `trim_batch`, `observe_batch`; what the drafting layer calls)
+    work on the whole step as arrays; the per-request ones (`caps`, `trim`, `observe`) are the same
+    computation on a batch built from their arguments.
+    """
 
     name = "adaptive"
 
@@ -60,9 +66,11 @@ class AdaptiveLength:
         self.cost = cost
         self.history = HistoryEstimator(opts.max_positions, decay=opts.history_decay)
         self.calibrator = ConfidenceCalibrator()
-        # What was kept of each request's last draft, to learn from when its verification comes back.
-        self._kept_confidence: dict[Hashable, list[float] | None] = {}
-        self._request_fit: dict[Hashable, tuple[float, float]] = {}  # decayed (accepted, predicted)
+        p = opts.max_positions
+        # Per request: the raw confidences kept of its last draft (kept_len -1: none), to learn from when
+        # its verification comes back, and its decayed (accepted, predicted) fit.
+        self.requests = RequestSlots(kept=((p,), np.float64, 0.0), kept_len=((), np.int64, -1),
+                                     fit_ok=((), np.float64, 0.0), fit_predicted=((), np.float64, 0.0))
         self._tau = self._time = 0.0  # decayed sums of expected tokens and modelled seconds per step
         if self.cost is None and (opts.hardware is None) == (opts.profile is None):
             raise ValueError("policy_options: expected exactly one of 'hardware' (a GPU profile) or 'profile' "
@@ -89,75 +97,134 @@ class AdaptiveLength:
         self.cost = step_cost(hardware=self.options.hardware, model=model, dtype=self.options.dtype,
                               draft_us_per_request=self.options.draft_us_per_request)
 
-    # ---- DraftLengthPolicy ----------------------------------------------------------------------
+    # ---- batched (BatchPolicy) ----------------------------------------------------------------------
 
-    def caps(self, requests: Sequence[DraftRequest]) -> list[int]:
-        # Draft up to the engine's cap; `trim` chooses once the drafts (and their confidences) exist.
-        return [r.max_draft for r in requests]
+    def caps_batch(self, batch: DraftBatch) -> np.ndarray:
+        # Draft up to the engine's cap; `trim_batch` chooses once the drafts (and their confidences) exist.
+        return batch.max_draft
 
-    def trim(self, requests: Sequence[DraftRequest], drafts: Sequence[Draft]) -> list[int]:
+    def trim_batch(self, batch: DraftBatch, drafts: BatchDrafts) -> np.ndarray:
         if self.cost is None:
             raise ValueError("policy 'adaptive': no cost model; give policy_options.model_config or let the "
                              "engine bind its model")
-        surv = [self.survival(req.req_id, d) for req, d in zip(requests, drafts)]
+        drafted = drafts.lengths
+        slots, _ = self.requests.lookup(batch.req_ids)
+        surv, usable, conf = self._survival(batch.req_ids, slots, drafts)
         search = self.options.search
         if search == "auto":
-            search = "greedy" if any(d.probs is not None for d in drafts) else "global"
-        context = [len(r.tokens) for r in requests]
-        drafted = [len(d) for d in drafts]
-        lengths = allocate(surv, context, self.cost, search=search, drafted=drafted,
-                           min_gain=self.options.min_gain, rate=self._rate(),
-                           budget=self.options.max_draft_tokens_per_step)
+            search = "global" if drafts.probs is None or all(p is None for p in drafts.probs) else "greedy"
+        context = batch.context_lens
+        lengths = allocate_batch(surv, usable, context, self.cost, search=search, drafted=drafted,
+                                 min_gain=self.options.min_gain, rate=self._rate(),
+                                 budget=self.options.max_draft_tokens_per_step)
         # The long-run goodput the allocator weighs tokens against: modelled, over recent steps.
         d = self.options.rate_decay
-        self._tau = d * self._tau + sum(1.0 + float(np.sum(s[:n])) for s, n in zip(surv, lengths))
+        kept = np.arange(surv.shape[1])[None, :] < lengths[:, None]
+        self._tau = d * self._tau + float(len(lengths) + np.sum(np.where(kept, surv, 0.0)))
         self._time = d * self._time + self.cost.step_time(lengths, context)
-        for req, d, n in zip(requests, drafts, lengths):
-            conf = self._usable(d)
-            self._kept_confidence[req.req_id] = None if conf is None else conf[:n]
+        if conf is None:
+            self.requests["kept_len"][slots] = -1
+        else:
+            self.requests["kept"][slots, : conf.shape[1]] = conf
+            self.requests["kept_len"][slots] = lengths
         return lengths
+
+    def survival_batch(self, req_ids: Sequence[Hashable], drafts: BatchDrafts
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(prefix survival [n, K], usable lengths [n], raw confidences [n, K] or None) of a step's drafts:
+        calibrated confidences where the drafts carry them, else each request's acceptance history."""
+        return self._survival(req_ids, self.requests.lookup(req_ids, create=False)[0], drafts)
+
+    def _survival(self, req_ids: Sequence[Hashable], slots: np.ndarray, drafts: BatchDrafts
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        p = self.options.max_positions
+        usable = np.minimum(drafts.lengths, p)
+        width = int(usable.max()) if len(usable) else 0
+        conf = None
+        if self.options.confidence != "off" and drafts.confidence is not None:
+            conf = _dense(drafts.confidence, drafts.offsets, usable, width)
+            cond = self.calibrator.calibrate_dense(conf)
+            if self.options.request_correction > 0:
+                cond = np.clip(cond * self._correction(slots)[:, None], 0.0, 1.0)
+        else:
+            cond = self.history.conditional_batch(req_ids)[:, :width]
+        return np.cumprod(np.clip(cond, 0.0, 1.0), axis=1), usable, conf
+
+    def _correction(self, slots: np.ndarray) -> np.ndarray:
+        # How each request's drafts fared against the calibrated prediction (requests differ: one copies
+        # a file, another writes new text); k pseudo-trials keep a new request at factor 1.
+        k = self.options.request_correction
+        ok = self.requests.gather("fit_ok", slots, 0.0)
+        predicted = self.requests.gather("fit_predicted", slots, 0.0)
+        return (ok + k) / (predicted + k)
+
+    def observe_batch(self, req_ids: Sequence[Hashable], drafted: np.ndarray, accepted: np.ndarray) -> None:
+        drafted = np.asarray(drafted, dtype=np.int64)
+        accepted = np.asarray(accepted, dtype=np.int64)
+        self.history.observe_batch(req_ids, drafted, accepted)
+        slots, _ = self.requests.lookup(req_ids, create=False)
+        known = slots >= 0
+        kept_len = self.requests.gather("kept_len", slots, -1)
+        due = known & (kept_len == drafted) & (drafted > 0)
+        self.requests["kept_len"][slots[known]] = -1  # each kept draft is learnt from once
+        if not due.any():
+            return
+        idx = slots[due]
+        d_due, a_due = drafted[due], accepted[due]
+        conf = self.requests["kept"][idx, : int(d_due.max())]
+        # Predicted accepted tokens of each verified draft: calibrated confidences of the positions tried.
+        tried = np.minimum(a_due + 1, d_due)
+        calibrated = self.calibrator.calibrate_dense(conf)
+        predicted = np.sum(np.where(np.arange(conf.shape[1])[None, :] < tried[:, None], calibrated, 0.0), axis=1)
+        h = self.options.history_decay
+        self.requests["fit_ok"][idx] = h * self.requests["fit_ok"][idx] + a_due
+        self.requests["fit_predicted"][idx] = h * self.requests["fit_predicted"][idx] + predicted
+        self.calibrator.observe_dense(conf, d_due, a_due)
+
+    # ---- per request (DraftLengthPolicy) ------------------------------------------------------------
+
+    def caps(self, requests: Sequence[DraftRequest]) -> list[int]:
+        return [r.max_draft for r in requests]
+
+    def trim(self, requests: Sequence[DraftRequest], drafts: Sequence[Draft]) -> list[int]:
+        return self.trim_batch(_as_batch(requests), BatchDrafts.from_drafts(drafts)).tolist()
+
+    def survival(self, req_id: Hashable, draft: Draft) -> np.ndarray:
+        """Prefix survival of each drafted position of `draft`."""
+        surv, usable, _ = self.survival_batch([req_id], BatchDrafts.from_drafts([draft]))
+        return surv[0, : usable[0]]
+
+    def observe(self, req_id: Hashable, drafted: int, accepted: int) -> None:
+        self.observe_batch([req_id], np.array([drafted]), np.array([accepted]))
+
+    def finish(self, req_id: Hashable) -> None:
+        self.history.finish(req_id)
+        self.requests.release(req_id)
+
+    def batch_cap(self, batch_size: int) -> int | None:
+        """`max_draft_tokens_per_step` is shared by the whole batch and spread unevenly by the allocator, so
+        it bounds one request's draft by the whole budget, not by budget / batch_size."""
+        return self.options.max_draft_tokens_per_step
 
     def _rate(self) -> float | None:
         if self.options.objective == "per_step" or self._time <= 0.0:
             return None
         return self._tau / self._time
 
-    def survival(self, req_id: Hashable, draft: Draft) -> np.ndarray:
-        """Prefix survival of each drafted position of `draft`."""
-        n = min(len(draft), self.options.max_positions)
-        conf = self._usable(draft)
-        if conf is not None:
-            cond = self.calibrator.calibrate(conf[:n])
-            if self.options.request_correction > 0:
-                cond = np.clip(cond * self._correction(req_id), 0.0, 1.0)
-        else:
-            cond = self.history.conditional(req_id)[:n]
-        return survival(cond)
 
-    def _correction(self, req_id: Hashable) -> float:
-        # How this request's drafts fared against the calibrated prediction (requests differ: one copies
-        # a file, another writes new text); k pseudo-trials keep a new request at factor 1.
-        k = self.options.request_correction
-        ok, predicted = self._request_fit.get(req_id, (0.0, 0.0))
-        return (ok + k) / (predicted + k)
+def _dense(flat: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, width: int) -> np.ndarray:
+    """[n, width] matrix of each row's first lengths[r] values of a flat array (zeros after)."""
+    out = np.zeros((len(lengths), width))
+    if width:
+        j = np.arange(width)[None, :]
+        mask = j < lengths[:, None]
+        out[mask] = flat[(offsets[:-1, None] + j)[mask]]
+    return out
 
-    def observe(self, req_id: Hashable, drafted: int, accepted: int) -> None:
-        self.history.observe(req_id, drafted, accepted)
-        conf = self._kept_confidence.pop(req_id, None)
-        if conf is not None and len(conf) == drafted and drafted > 0:
-            tried = min(accepted + 1, drafted)
-            predicted = float(np.sum(self.calibrator.calibrate(conf[:tried])))
-            ok, pred = self._request_fit.get(req_id, (0.0, 0.0))
-            d = self.options.history_decay
-            self._request_fit[req_id] = (d * ok + accepted, d * pred + predicted)
-            self.calibrator.observe(conf, accepted)
 
-    def finish(self, req_id: Hashable) -> None:
-        self.history.finish(req_id)
-        self._kept_confidence.pop(req_id, None)
-        self._request_fit.pop(req_id, None)
-
-    def _usable(self, draft: Draft) -> list[float] | None:
-        if self.options.confidence == "off" or draft.confidence is None:
-            return None
-        return list(draft.confidence)
+def _as_batch(requests: Sequence[DraftRequest]) -> DraftBatch:
+    n = len(requests)
+    return DraftBatch([r.req_id for r in requests], [r.tokens for r in requests],
+                      np.fromiter((len(r.tokens) for r in requests), dtype=np.int64, count=n),
+                      np.fromiter((r.num_new for r in requests), dtype=np.int64, count=n),
+                      np.fromiter((r.max_draft for r in requests), dtype=np.int64, count=n))

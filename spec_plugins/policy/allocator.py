@@ -5,7 +5,8 @@ probability a[r][j] (prefix survival, non-increasing in j), so the step is expec
 tau = sum_r (1 + sum_{j < l_r} a[r][j]) tokens in `cost.step_time(l, context_lens)` seconds; the
 allocator maximises Theta = tau / step_time. Ranking every (r, j) by a[r][j] gives an order that
 respects prefixes (a request's position j+1 never ranks above its position j), so each prefix of the
-ranking is a valid allocation and the search walks it once, updating tokens and time incrementally:
+ranking is a valid allocation, and the search reads tokens and time along it as cumulative sums
+(`allocate_batch`: one sort and a few array operations per step, whatever the batch size):
 
 * `search="global"` keeps the best prefix of the whole ranking. Tile-quantised step costs are jagged
   (one more row can cost a whole GEMM tile, the next 127 rows nothing), so stopping at the first
@@ -28,7 +29,9 @@ import numpy as np
 class StepCost(Protocol):
     """What the allocator costs a step with. A cost model may also have `batch_time(batch, rows)`, the
     verification time of `batch` requests and `rows` tokens in all; then that replaces linear_time plus the
-    requests' attention_time (a measured profile knows it directly)."""
+    requests' attention_time (a measured profile knows it directly). The vectorised forms
+    `batch_times(batch, rows_array)`, `linear_times(rows_array)` and `attention_times(draft_lens,
+    context_lens)` (same values element by element, see `VectorStepCost`) save a Python call per candidate."""
 
     overhead_s: float
 
@@ -37,6 +40,14 @@ class StepCost(Protocol):
     def attention_time(self, draft_len: int, context_len: int) -> float: ...
 
     def draft_time(self, draft_lens: Sequence[int]) -> float: ...
+
+
+class VectorStepCost(StepCost, Protocol):
+    """A StepCost whose curves come as arrays (RooflineCost, MeasuredCost): what the batched policy wants."""
+
+    def linear_times(self, rows: np.ndarray) -> np.ndarray: ...
+
+    def attention_times(self, draft_lens: np.ndarray, context_lens: np.ndarray) -> np.ndarray: ...
 
 
 def allocate(
@@ -69,56 +80,111 @@ def allocate(
     n = len(survival)
     if len(context_lens) != n:
         raise ValueError(f"allocate: {len(context_lens)} context lengths for {n} requests")
+    lengths = np.array([len(s) for s in survival], dtype=np.int64)
+    dense = np.zeros((n, int(lengths.max()) if n else 0))
+    for r, surv in enumerate(survival):
+        dense[r, : lengths[r]] = surv
+    out = allocate_batch(dense, lengths, np.asarray(context_lens, dtype=np.int64), cost, search=search,
+                         drafted=None if drafted is None else np.asarray(drafted, dtype=np.int64),
+                         min_gain=min_gain, rate=rate, budget=budget)
+    return out.tolist()
+
+
+def allocate_batch(
+    survival: np.ndarray,
+    lengths: np.ndarray,
+    context_lens: np.ndarray,
+    cost: StepCost,
+    *,
+    search: Literal["global", "greedy"] = "global",
+    drafted: np.ndarray | None = None,
+    min_gain: float = 0.0,
+    rate: float | None = None,
+    budget: int | None = None,
+) -> np.ndarray:
+    """`allocate` on a whole step at once: survival[r, :lengths[r]] is request r's prefix survival
+    (entries past its length are ignored). The ranking is one lexsort, tokens and step times along it
+    are cumulative sums over the cost curves (cached per batch size by the cost models), and the
+    search picks its stop on the whole array: the same lengths as walking the ranking one candidate
+    at a time (tests/test_batched_policy.py checks this against that walk)."""
     if budget is not None and budget < 0:
         raise ValueError(f"allocate.budget: expected >= 0, got {budget}")
     if search not in ("global", "greedy"):
         raise ValueError(f"allocate.search: expected 'global' or 'greedy', got {search!r}")
-    lengths = [0] * n
+    survival = np.asarray(survival, dtype=np.float64)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    n = len(lengths)
+    if survival.ndim != 2 or survival.shape[0] != n or (n and lengths.max() > survival.shape[1]):
+        raise ValueError(f"allocate: survival of shape {survival.shape} for draft lengths up to "
+                         f"{lengths.max() if n else 0} of {n} requests")
+    if len(context_lens) != n:
+        raise ValueError(f"allocate: {len(context_lens)} context lengths for {n} requests")
     if n == 0:
-        return lengths
-    offered = [len(s) for s in survival] if drafted is None else list(drafted)
+        return np.zeros(0, dtype=np.int64)
+    valid = np.arange(survival.shape[1])[None, :] < lengths[:, None]
+    if survival.shape[1] > 1:
+        rising = (np.diff(survival, axis=1) > 1e-12) & valid[:, 1:]
+        if rising.any():
+            r = int(np.flatnonzero(rising.any(axis=1))[0])
+            raise ValueError(f"allocate: survival of request {r} increases along the draft; expected prefix survival")
+    offered = lengths if drafted is None else np.asarray(drafted, dtype=np.int64)
     sunk = cost.overhead_s + cost.draft_time(offered)
 
-    for r, surv in enumerate(survival):
-        if len(surv) > 1 and np.any(np.diff(np.asarray(surv, dtype=float)) > 1e-12):
-            raise ValueError(f"allocate: survival of request {r} increases along the draft; expected prefix survival")
     # Candidates ranked by survival; ties broken by request, then position (prefix order, deterministic).
-    cands = sorted((-float(a), r, j) for r, surv in enumerate(survival) for j, a in enumerate(surv) if a > 0.0)
-    rows = n
-    attn = [cost.attention_time(0, int(L)) for L in context_lens]
-    attn_total = float(sum(attn))
-    tau = float(n)
+    rows_of, pos_of = np.nonzero(valid & (survival > 0.0))  # in (request, position) order
+    gain = survival[rows_of, pos_of]
+    order = np.argsort(-gain, kind="stable")  # stable: equal survivals keep (request, position) order
+    if budget is not None:
+        order = order[:budget]
+    rows_of, pos_of, gain = rows_of[order], pos_of[order], gain[order]
+    tau = np.cumsum(np.concatenate(([float(n)], gain)))
+    time = sunk + _verify_times(cost, n, rows_of, pos_of, np.asarray(context_lens, dtype=np.int64))
+    theta = tau / time if rate is None else tau - rate * time
 
-    def objective(tau: float, time: float) -> float:
-        return tau / time if rate is None else tau - rate * time
+    if search == "greedy":
+        # Stop at the first admission that does not improve Theta; nothing after it is read.
+        worse = np.flatnonzero(theta[1:] <= theta[:-1])
+        best_k = int(worse[0]) if worse.size else len(gain)
+    elif min_gain == 0.0:
+        best_k = int(np.argmax(theta))  # the first maximum: a later equal Theta is no improvement
+    else:
+        best_k = 0
+        while True:  # the next allocation that beats the best so far by the margin
+            best = theta[best_k]
+            ahead = np.flatnonzero(theta[best_k + 1:] > best + abs(best) * min_gain)
+            if not ahead.size:
+                break
+            best_k += 1 + int(ahead[0])
+    # The admitted candidates of a request are its first positions, so counting them is its length.
+    return np.bincount(rows_of[:best_k], minlength=n).astype(np.int64)
 
+
+def _verify_times(cost: StepCost, n: int, rows_of: np.ndarray, pos_of: np.ndarray,
+                  context_lens: np.ndarray) -> np.ndarray:
+    """Verification seconds after admitting 0, 1, ..., len(rows_of) candidates of the ranking."""
+    rows = n + np.arange(len(rows_of) + 1)
     # A measured profile knows the step time of n requests verifying `rows` tokens directly (its grid has
     # a batch axis); a model costs the tokens and each request's attention apart.
-    batch_time = getattr(cost, "batch_time", None)
+    if hasattr(cost, "batch_time"):
+        if hasattr(cost, "batch_times"):
+            return cost.batch_times(n, rows)
+        return np.array([cost.batch_time(n, int(r)) for r in rows])
+    if hasattr(cost, "linear_times"):
+        linear = cost.linear_times(rows)
+    else:
+        linear = np.array([cost.linear_time(int(r)) for r in rows])
+    attention = _attention_times(cost, np.zeros(n, dtype=np.int64), context_lens)
+    ctx = context_lens[rows_of]
+    # Admitting position j of request r moves its attention from 1 + j to 2 + j query rows.
+    delta = _attention_times(cost, pos_of + 1, ctx) - _attention_times(cost, pos_of, ctx)
+    totals = np.cumsum(np.concatenate(([float(sum(attention.tolist()))], delta)))
+    return linear + totals
 
-    def verify_time(rows: int, attn_total: float) -> float:
-        return batch_time(n, rows) if batch_time is not None else cost.linear_time(rows) + attn_total
 
-    best = objective(tau, sunk + verify_time(rows, attn_total))
-    best_k = 0
-    if budget is not None:
-        cands = cands[:budget]
-    for k, (neg_a, r, j) in enumerate(cands, start=1):
-        rows += 1
-        new_attn = cost.attention_time(j + 1, int(context_lens[r]))
-        attn_total += new_attn - attn[r]
-        attn[r] = new_attn
-        tau += -neg_a
-        theta = objective(tau, sunk + verify_time(rows, attn_total))
-        if search == "greedy":
-            if theta <= best:
-                break
-            best, best_k = theta, k
-        elif theta > best + abs(best) * min_gain:
-            best, best_k = theta, k
-    for _, r, j in cands[:best_k]:
-        lengths[r] = max(lengths[r], j + 1)
-    return lengths
+def _attention_times(cost: StepCost, draft_lens: np.ndarray, context_lens: np.ndarray) -> np.ndarray:
+    if hasattr(cost, "attention_times"):
+        return cost.attention_times(draft_lens, context_lens)
+    return np.array([cost.attention_time(int(d), int(c)) for d, c in zip(draft_lens, context_lens)], dtype=np.float64)
 
 
 def expected_tokens(survival: Sequence[Sequence[float]], lengths: Sequence[int]) -> float:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Literal, Sequence
 
+import numpy as np
 import pydantic
 
 from spec_plugins.policy.hardware import DTYPE_BYTES, HardwareProfile, canonical_dtype, load_hardware
@@ -42,17 +43,27 @@ class CostModel:
         """Drafting cost for the batch; requests with draft length 0 do not draft."""
         raise NotImplementedError
 
+    def attention_times(self, draft_lens: np.ndarray, context_lens: np.ndarray) -> np.ndarray:
+        """attention_time element by element (subclasses compute it on the arrays)."""
+        return np.array([self.attention_time(int(d), int(c)) for d, c in zip(draft_lens, context_lens)],
+                        dtype=np.float64)
+
+    def linear_times(self, rows: np.ndarray) -> np.ndarray:
+        """linear_time element by element."""
+        return np.array([self.linear_time(int(r)) for r in np.asarray(rows).tolist()], dtype=np.float64)
+
     def verify_time(self, draft_lens: Sequence[int], context_lens: Sequence[int]) -> float:
         """The target's part of the step: T_verif of the speedup formula."""
         if len(draft_lens) != len(context_lens):
             raise ValueError(f"step: {len(draft_lens)} draft lengths for {len(context_lens)} context lengths")
-        rows = 0
-        attention = 0.0
-        for d, length in zip(draft_lens, context_lens):
-            if d < 0 or length < 0:
-                raise ValueError(f"step: expected draft and context lengths >= 0, got {d} and {length}")
-            rows += 1 + d
-            attention += self.attention_time(d, length)
+        d = np.asarray(draft_lens, dtype=np.int64)
+        length = np.asarray(context_lens, dtype=np.int64)
+        if d.size and (d.min() < 0 or length.min() < 0):
+            i = int(np.flatnonzero((d < 0) | (length < 0))[0])
+            raise ValueError(f"step: expected draft and context lengths >= 0, got {d[i]} and {length[i]}")
+        rows = int(np.sum(1 + d))
+        # Summed in request order as Python floats: the allocator's step times must agree to the last bit.
+        attention = sum(self.attention_times(d, length).tolist(), 0.0)
         return self.overhead_s + self.linear_time(rows) + attention
 
     def step_time(self, draft_lens: Sequence[int], context_lens: Sequence[int]) -> float:
@@ -134,6 +145,7 @@ class RooflineCost(CostModel):
         self._wbytes = DTYPE_BYTES[self.dtype]
         self._kvbytes = DTYPE_BYTES[self.kv_dtype]
         self._linear_cache: dict[int, float] = {}
+        self._linear_curve = np.zeros(0)  # linear_time(0), linear_time(1), ...: filled on demand, kept
         self._forward_cache: dict[int, float] = {}
 
     # -- linear layers ---------------------------------------------------------------------------
@@ -192,6 +204,21 @@ class RooflineCost(CostModel):
         self._linear_cache[rows] = t
         return t
 
+    def linear_times(self, rows: np.ndarray) -> np.ndarray:
+        """linear_time for an array of row counts, read off a curve computed once per row count."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.size == 0:
+            return np.zeros(0)
+        if rows.min() < 0:
+            raise ValueError(f"linear_time.rows: expected >= 0, got {int(rows.min())}")
+        top = int(rows.max())
+        have = len(self._linear_curve)
+        if top >= have:
+            grown = max(top + 1, 2 * have, 256)
+            extra = np.array([self.linear_time(r) for r in range(have, grown)])
+            self._linear_curve = np.concatenate([self._linear_curve, extra])
+        return self._linear_curve[rows]
+
     # -- attention -------------------------------------------------------------------------------
 
     def attention_tiles(self, draft_len: int) -> int:
@@ -208,6 +235,17 @@ class RooflineCost(CostModel):
         # heads·(1+D) = kv_heads·G·(1+D) query rows, padded to kv_heads·tiles·tile_rows.
         flops = 4.0 * m.kv_heads * tiles * self.hardware.attention_tile_rows * m.head_dim * context_len
         return m.layers * max(flops / self._attn_rate, kv / self._byte_rate)
+
+    def attention_times(self, draft_lens: np.ndarray, context_lens: np.ndarray) -> np.ndarray:
+        """attention_time on arrays: the same operations in the same order, element by element."""
+        d = np.asarray(draft_lens, dtype=np.int64)
+        length = np.asarray(context_lens, dtype=np.int64)
+        m = self.model
+        tiles = -(-m.group_size * (1 + d) // self.hardware.attention_tile_rows)
+        kv = 2.0 * length * m.kv_heads * m.head_dim * self._kvbytes * tiles
+        flops = 4.0 * m.kv_heads * tiles * self.hardware.attention_tile_rows * m.head_dim * length
+        t = m.layers * np.maximum(flops / self._attn_rate, kv / self._byte_rate)
+        return np.where(length > 0, t, 0.0)
 
     # -- drafting --------------------------------------------------------------------------------
 
@@ -227,11 +265,15 @@ class RooflineCost(CostModel):
 
     def draft_time(self, draft_lens: Sequence[int]) -> float:
         dc = self.drafter
-        drafting = [d for d in draft_lens if d > 0]
+        if dc.kind == "model_free":  # the serving path: no list of the batch's lengths
+            d = np.asarray(draft_lens, dtype=np.int64)
+            d = d[d > 0]
+            if d.size == 0:
+                return 0.0
+            return (dc.per_request_us * int(d.size) + dc.per_token_us * int(d.sum())) * 1e-6
+        drafting = [int(d) for d in draft_lens if d > 0]
         if not drafting:
             return 0.0
-        if dc.kind == "model_free":
-            return (dc.per_request_us * len(drafting) + dc.per_token_us * sum(drafting)) * 1e-6
         if dc.kind == "block":
             rows = sum(dc.block_size or (1 + d) for d in drafting)
             return self._draft_forward(rows)

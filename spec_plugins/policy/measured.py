@@ -146,6 +146,17 @@ def profile_path(name_or_path: str) -> str:
     return str(path)
 
 
+def _curve_at_many(xs: np.ndarray, ys: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """_curve_at element by element (the same operations, so the same values)."""
+    x = np.asarray(x, dtype=np.float64)
+    if len(xs) == 1:
+        return np.full(x.shape, float(ys[0]))
+    slope = max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
+    out = np.interp(x, xs, ys)
+    out = np.where(x >= xs[-1], ys[-1] + slope * (x - xs[-1]), out)
+    return np.where(x <= xs[0], float(ys[0]), out)
+
+
 def _curve_at(xs: np.ndarray, ys: np.ndarray, x: float) -> float:
     """Piecewise-linear through (xs, ys); flat below the first point, the last slope (never negative) beyond."""
     if x <= xs[0] or len(xs) == 1:
@@ -205,6 +216,7 @@ class MeasuredCost:
             secs = [statistics.median(by_cell[b][d]) for d in drafts]
             self._by_batch[b] = (np.array(drafts, dtype=np.float64), np.maximum.accumulate(np.array(secs)))
         self._batch_cache: dict[tuple[int, float], float] = {}
+        self._curves: dict[int, np.ndarray] = {}  # batch size -> batch_time at rows 0, 1, 2, ...
 
     def batch_time(self, batch: int, rows: float) -> float:
         """Step time (s) of `batch` requests verifying `rows` tokens in all (drafting excluded)."""
@@ -231,6 +243,43 @@ class MeasuredCost:
         self._batch_cache[key] = t
         return t
 
+    def batch_times(self, batch: int, rows: np.ndarray) -> np.ndarray:
+        """batch_time(batch, r) for an array of integer row counts, from a curve per batch size that is
+        computed once (the allocator reads thousands of points of it per step)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.size == 0:
+            return np.zeros(0)
+        curve = self._curves.get(batch)
+        top = int(rows.max())
+        if curve is None or top >= len(curve):
+            size = max(top + 1, 2 * (0 if curve is None else len(curve)), 17 * batch + 1)
+            curve = self._curves[batch] = self._batch_curve(batch, np.arange(size, dtype=np.float64))
+        return curve[rows]
+
+    def _batch_curve(self, batch: int, rows: np.ndarray) -> np.ndarray:
+        """batch_time on an array of rows: the same operations as batch_time, element by element."""
+        draft = rows / batch - 1.0
+        bs = self.batches
+
+        def at(b: int) -> np.ndarray:
+            return _curve_at_many(*self._by_batch[b], draft)
+
+        if batch <= bs[0] or len(bs) == 1:
+            return at(bs[0]) if batch <= bs[0] else at(bs[-1])
+        if batch >= bs[-1]:
+            lo, hi = at(bs[-2]), at(bs[-1])
+            return hi + np.maximum(0.0, (hi - lo) / (bs[-1] - bs[-2])) * (batch - bs[-1])
+        i = int(np.searchsorted(bs, batch))
+        b0, b1 = bs[i - 1], bs[i]
+        w = (batch - b0) / (b1 - b0)
+        return (1 - w) * at(b0) + w * at(b1)
+
+    def attention_times(self, draft_lens: np.ndarray, context_lens: np.ndarray) -> np.ndarray:
+        return np.zeros(len(draft_lens))  # inside batch_time, as attention_time
+
+    def linear_times(self, rows: np.ndarray) -> np.ndarray:
+        return np.array([self.linear_time(float(r)) for r in np.asarray(rows).tolist()], dtype=np.float64)
+
     def linear_time(self, rows: float) -> float:
         """Step time (s) at `rows` tokens per step: interpolated between measured token counts."""
         if rows <= 0:
@@ -247,7 +296,7 @@ class MeasuredCost:
         return 0.0  # inside batch_time (and linear_time): the measured steps include attention
 
     def draft_time(self, draft_lens: Sequence[int]) -> float:
-        return self.draft_us_per_request * 1e-6 * sum(1 for d in draft_lens if d > 0)
+        return self.draft_us_per_request * 1e-6 * int(np.count_nonzero(np.asarray(draft_lens) > 0))
 
     def step_time(self, draft_lens: Sequence[int], context_lens: Sequence[int]) -> float:
         return self._verify_time(draft_lens, context_lens) + self.draft_time(draft_lens)
@@ -270,5 +319,5 @@ class MeasuredCost:
             raise ValueError(f"step_time: {len(draft_lens)} draft lengths for {len(context_lens)} context lengths")
         if not draft_lens:
             return 0.0
-        rows = sum(1 + int(d) for d in draft_lens)
+        rows = int(np.sum(1 + np.asarray(draft_lens, dtype=np.int64)))
         return self.overhead_s + self.batch_time(len(draft_lens), rows)

@@ -20,9 +20,8 @@ from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
-from spec_plugins.core import (
-    DraftLengthPolicy, DraftRequest, FixedLength, Proposer, apply_policy, apply_trim, check_drafts,
-)
+from spec_plugins.core import DraftLengthPolicy, FixedLength, Proposer, TapsTarget
+from spec_plugins.drafting import DraftingLayer
 from spec_plugins.reference import verify
 
 
@@ -139,13 +138,13 @@ def generate(
     `on_step(tokens, stats)` is a debug hook called after every step with the committed context
     (prompt + new tokens; the engine's own list, do not modify it).
     """
-    policy = FixedLength() if policy is None else policy
-    bind_model = getattr(policy, "bind_model", None)
+    # The same drafting layer the engine adapters use (ledger, caps -> propose -> check -> trim), one row.
+    drafting = DraftingLayer(proposer, FixedLength() if policy is None else policy, who=type(proposer).__name__)
     config = getattr(getattr(target, "model", None), "config", None)
-    if bind_model is not None and config is not None:  # `adaptive` with a GPU alone: cost the target being run
-        bind_model(config.to_dict(), source="target model config")
+    if config is not None:  # `adaptive` with a GPU alone: cost the target being run
+        drafting.bind_model(config.to_dict(), source="target model config")
     generator = torch.Generator().manual_seed(seed)
-    taps = getattr(proposer, "target_taps", None)  # a model-based drafter's feature layers, else None
+    taps = proposer.target_taps if isinstance(proposer, TapsTarget) else None  # a drafter's feature layers
 
     def forward(run, ids):
         """(logits, features of the fed positions or None) from target.prefill / target.extend."""
@@ -162,7 +161,6 @@ def generate(
     steps = [StepStats(0, 0)]
     if on_step is not None:
         on_step(tokens, steps[-1])
-    num_seen = 0  # context length the proposer saw last time, for DraftRequest.num_new
 
     while len(tokens) - num_prompt < max_new_tokens and tokens[-1] != eos_token_id:
         # Invariant: the cache holds every committed token but the newest, which is fed below.
@@ -170,17 +168,12 @@ def generate(
         # A step emits the accepted drafts plus one target token, so the draft gets remaining - 1.
         budget = min(max_draft, remaining - 1)
         # The live context list is passed without a copy (long generations stay linear in time);
-        # proposers treat DraftRequest.tokens as read-only.
+        # proposers treat it as read-only. The proposer is called even at cap 0 so a stateful proposer
+        # sees every committed token.
         # features: rows for positions len(tokens) - 1 - len(features) .. len(tokens) - 2, the committed
         # positions the target has run since the last request (the newest token has not been run yet).
-        request = DraftRequest(req_id, tokens, num_new=len(tokens) - num_seen, max_draft=budget, features=features)
-        num_seen = len(tokens)
-        requests = apply_policy(policy, [request])
-        # The proposer is called even at cap 0 so a stateful proposer sees every committed token.
-        drafts = proposer.propose(requests)
-        check_drafts(requests, drafts, who=type(proposer).__name__)
-        draft = apply_trim(policy, requests, drafts)[0]
-        draft_tokens = [int(t) for t in draft.tokens]
+        draft = drafting.step([req_id], [tokens], [len(tokens)], max_draft=budget, features=[features]).draft(0)
+        draft_tokens = draft.tokens
 
         # One forward scores every draft position at once: row i is the target's next-token
         # distribution after the newest committed token and draft_tokens[:i].
@@ -203,10 +196,9 @@ def generate(
         target.crop(len(tokens) - 1)
 
         steps.append(StepStats(len(draft_tokens), accepted))
-        policy.observe(req_id, len(draft_tokens), accepted)
+        drafting.verified([req_id], [accepted])
         if on_step is not None:
             on_step(tokens, steps[-1])
 
-    proposer.finish(req_id)
-    policy.finish(req_id)
+    drafting.finish(req_id)
     return GenerationResult(tokens[num_prompt:], steps)

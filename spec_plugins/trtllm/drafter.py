@@ -14,10 +14,10 @@ What the executor does with a drafter (`PyExecutor`, 1.2), and what this adapter
   `get_draft_len_for_batch_size(active batch size)` and `update_max_total_draft_tokens(k)`; k = 0 turns
   speculation off for the step. So `self.max_draft_len` is the engine's cap for this step. A policy
   that is not `fixed` always gets a schedule (`{1: max_draft_len}` by default) so it is asked every step.
-* `prepare_draft_tokens(batch)` writes each generation request's `py_draft_tokens`: the adapter builds a
-  `DraftRequest` from `get_tokens(0)` (cap: this step's `max_draft_len`, and the request's remaining
-  `py_max_new_tokens`), lets the policy cap it, calls the proposer, checks the drafts, lets the policy
-  trim them, and writes plain int lists, often shorter than the cap; the base class pads them with
+* `prepare_draft_tokens(batch)` writes each generation request's `py_draft_tokens`: the adapter hands the
+  step's contexts (`get_tokens(0)`; cap: this step's `max_draft_len`, and the request's remaining
+  `py_max_new_tokens`) to the drafting layer (`spec_plugins.drafting`: ledger, policy caps, proposer,
+  checks, trim) and writes plain int lists, often shorter than the cap; the base class pads them with
   token 0 to the static maximum, and verification (TorchSampler, greedy exact match) rewinds the rest.
 * Acceptance: the sampler leaves `py_num_accepted_draft_tokens` on the request; the next
   `prepare_draft_tokens` hands it to `policy.observe(req_id, drafted, accepted)`, where `drafted` is
@@ -40,7 +40,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Hashable, Optional, Sequence
 
-from spec_plugins.core import DraftRequest, apply_policy, apply_trim, check_cap, check_drafts
+import numpy as np
+
+from spec_plugins.core import BatchCapped, check_cap
+from spec_plugins.drafting import DraftingLayer
 from spec_plugins.registry import create_policy, create_proposer
 
 DRAFTER_MODULE = "tensorrt_llm._torch.speculative.drafter"
@@ -61,19 +64,6 @@ def _import_trtllm(module: str, attr: str) -> Any:
             f"host); importing {module} failed: {first}"
         ) from None
     return getattr(mod, attr)
-
-
-class _Tracked:
-    """What the adapter remembers about one request between steps."""
-
-    __slots__ = ("request", "num_tokens", "drafted", "decoding_iter", "last_step")
-
-    def __init__(self, request: Any, step: int) -> None:
-        self.request = request  # to read its state once it has left the batch
-        self.num_tokens = 0  # context length last handed to the proposer (0: never)
-        self.drafted = 0  # length of the last draft, until its verification is observed
-        self.decoding_iter = -1  # request.py_decoding_iter when that draft was written
-        self.last_step = step
 
 
 class DrafterLogic:
@@ -130,51 +120,59 @@ class DrafterLogic:
     @property
     def num_tracked(self) -> int:
         """Requests whose per-request state is held (handed to the proposer, not finished yet)."""
-        return len(self._tracked)
+        return 0 if self._drafting is None else self._drafting.num_tracked
+
+    @property
+    def num_finished(self) -> int:
+        return 0 if self._drafting is None else self._drafting.num_finished
 
     def bind_model(self, model: Any, source: str = "TensorRT-LLM model config") -> None:
         """Hand the target's config (a Hugging Face config dict) to a policy that costs it (`adaptive`
         with `hardware` alone). The executor never shows a drafter the model, so the launcher calls this."""
         self._model = (model, source)
-        if self._policy is not None:
-            self._bind(self._policy)
+        if self._drafting is not None:
+            self._drafting.bind_model(model, source)
 
     def finish(self, req_id: Hashable) -> None:
         """Free `req_id`'s state in the proposer and the policy; ids not tracked are ignored, so every
         request is finished at most once whichever path (resource manager, state, sweep) sees it first."""
-        if self._tracked.pop(req_id, None) is None:
-            return
-        self._proposer.finish(req_id)
-        self._policy.finish(req_id)
-        self.num_finished += 1
+        if self._drafting is not None:
+            self._drafting.finish(req_id)
 
     # ---- Drafter --------------------------------------------------------------------------------
 
     def prepare_draft_tokens(self, scheduled_requests: Any, resource_manager: Any = None) -> None:
         self._build()
-        self._step += 1
-        self._forget_reused_ids(scheduled_requests.context_requests)
-        present = {r.py_request_id for r in scheduled_requests.context_requests}
-        targets, requests = [], []
+        layer = self._drafting
+        # A context request is new (or recomputed from scratch): any state under its id is stale.
+        idle = [r.py_request_id for r in scheduled_requests.context_requests]
+        for req_id in idle:
+            layer.finish(req_id)
+        targets, contexts, caps, accepted = [], [], [], []
         for req in _batch_order(scheduled_requests.generation_requests):
-            present.add(req.py_request_id)
-            draft_request = self._draft_request(req)
-            if draft_request is not None:
-                targets.append(req)
-                requests.append(draft_request)
-        self._sweep(present)
-        if not requests:
-            return
-        apply_policy(self._policy, requests)
-        drafts = self._proposer.propose(requests)
-        check_drafts(requests, drafts, who=f"proposer {self._config['proposer']!r}")
-        drafts = apply_trim(self._policy, requests, drafts)
-        for req, draft in zip(targets, drafts):
-            tokens = [int(t) for t in draft.tokens]
+            req_id = req.py_request_id
+            self._requests[req_id] = req
+            if _state_name(req) in _FINISHED_STATES or req.py_disable_speculative_decoding:
+                layer.verified([req_id], [self._accepted(req)])  # its last draft still counts
+                if _state_name(req) in _FINISHED_STATES:
+                    layer.finish(req_id)
+                else:
+                    idle.append(req_id)
+                continue
+            tokens = list(req.get_tokens(0))
+            # Every step emits the accepted drafts plus one token; stay within max_new_tokens.
+            room = req.py_orig_prompt_len + req.py_max_new_tokens - len(tokens) - 1
+            targets.append(req)
+            contexts.append(tokens)
+            caps.append(max(0, min(int(self.max_draft_len), room)))
+            accepted.append(self._accepted(req))
+        self._sweep_finished({r.py_request_id for r in scheduled_requests.generation_requests})
+        drafts = layer.step([r.py_request_id for r in targets], contexts, [len(c) for c in contexts],
+                            max_draft=np.array(caps, dtype=np.int64), accepted=np.array(accepted, dtype=np.int64),
+                            present=idle)
+        for req, tokens in zip(targets, drafts.lists()):
             req.py_draft_tokens = tokens
-            rec = self._tracked[req.py_request_id]
-            rec.drafted = len(tokens)
-            rec.decoding_iter = getattr(req, "py_decoding_iter", 0)
+            self._draft_iter[req.py_request_id] = getattr(req, "py_decoding_iter", 0)
 
     def get_draft_len_for_batch_size(self, batch_size: int) -> int:
         """The schedule's K for this batch size, lowered to the policy's per-step cap if it has one.
@@ -215,72 +213,53 @@ class DrafterLogic:
     # ---- helpers ------------------------------------------------------------------------------------
 
     def _init_runtime(self) -> None:
-        self._proposer: Any = None
-        self._policy: Any = None
-        self._tracked: dict[Hashable, _Tracked] = {}
-        self._step = 0
-        self.num_finished = 0
+        self._drafting: Optional[DraftingLayer] = None
+        # TensorRT-LLM's own request objects, to read a request's state once it has left the batch, and
+        # the `py_decoding_iter` at which each request's last draft was written (to tell when it is verified).
+        self._requests: dict[Hashable, Any] = {}
+        self._draft_iter: dict[Hashable, int] = {}
+
+    @property
+    def _proposer(self) -> Any:
+        return None if self._drafting is None else self._drafting.proposer
+
+    @property
+    def _policy(self) -> Any:
+        return None if self._drafting is None else self._drafting.policy
 
     def _build(self) -> None:
-        if self._proposer is not None:
+        if self._drafting is not None:
             return
         c = self._config
         proposer = create_proposer(c["proposer"], c["proposer_options"])
         policy = create_policy(c["policy"], c["policy_options"])
-        self._proposer, self._policy = proposer, policy
-        self._bind(policy)
+        self._drafting = DraftingLayer(proposer, policy, who=f"proposer {c['proposer']!r}",
+                                       stale_steps=self.stale_steps, on_finish=self._forget)
+        if self._model is not None:
+            self._drafting.bind_model(*self._model)
 
-    def _bind(self, policy: Any) -> None:
-        bind_model = getattr(policy, "bind_model", None)
-        if bind_model is not None and self._model is not None:
-            bind_model(*self._model)
+    def _forget(self, req_id: Hashable, why: str) -> None:
+        self._requests.pop(req_id, None)
+        self._draft_iter.pop(req_id, None)
 
-    def _draft_request(self, req: Any) -> Optional[DraftRequest]:
-        """The DraftRequest for one scheduled generation request, or None if it must not draft."""
-        req_id = req.py_request_id
-        rec = self._tracked.get(req_id)
-        if rec is not None:
-            rec.last_step = self._step
-            rec.request = req
-            self._observe(req_id, rec, req)
-        if _state_name(req) in _FINISHED_STATES:
-            self.finish(req_id)
-            return None
-        if req.py_disable_speculative_decoding:
-            return None
-        if rec is None:
-            rec = self._tracked[req_id] = _Tracked(req, self._step)
-        tokens = list(req.get_tokens(0))
-        n = len(tokens)
-        # Every step emits the accepted drafts plus one token; stay within max_new_tokens.
-        room = req.py_orig_prompt_len + req.py_max_new_tokens - n - 1
-        cap = max(0, min(int(self.max_draft_len), room))
-        num_new = n if rec.num_tokens == 0 else max(0, n - rec.num_tokens)
-        rec.num_tokens = n
-        return DraftRequest(req_id=req_id, tokens=tokens, num_new=num_new, max_draft=cap)
+    def _accepted(self, req: Any) -> int:
+        """Drafted tokens the sampler accepted in the request's last verification, or -1 if its last
+        draft has not been through the target yet (the layer keeps it pending)."""
+        written = self._draft_iter.get(req.py_request_id)
+        if written is None or getattr(req, "py_decoding_iter", written + 1) <= written:
+            return -1
+        return int(req.py_num_accepted_draft_tokens or 0)
 
-    def _observe(self, req_id: Hashable, rec: _Tracked, req: Any) -> None:
-        """Report the verification of this request's last draft to the policy, once."""
-        if rec.drafted <= 0:
-            return
-        if getattr(req, "py_decoding_iter", rec.decoding_iter + 1) <= rec.decoding_iter:
-            return  # not verified yet (the draft was never run through the target)
-        accepted = min(int(req.py_num_accepted_draft_tokens or 0), rec.drafted)
-        self._policy.observe(req_id, rec.drafted, accepted)
-        rec.drafted = 0
-
-    def _forget_reused_ids(self, context_requests: Sequence[Any]) -> None:
-        # A context request is new (or recomputed from scratch): any state under its id is stale.
-        for req in context_requests:
-            self.finish(req.py_request_id)
-
-    def _sweep(self, present: set) -> None:
-        limit = self._step - self.stale_steps
-        for req_id, rec in list(self._tracked.items()):
-            if req_id in present:
-                continue
-            if _state_name(rec.request) in _FINISHED_STATES or rec.last_step < limit:
-                self.finish(req_id)
+    def _sweep_finished(self, scheduled: set) -> None:
+        # Requests that left the batch finished (the executor does not tell the drafter); the drafting
+        # layer's own sweep frees the ones that simply stopped coming back. A request object is kept only
+        # while the layer tracks its id or it is in this step.
+        for req_id, req in list(self._requests.items()):
+            if _state_name(req) in _FINISHED_STATES:
+                self._drafting.finish(req_id)
+                self._forget(req_id, "finished")
+            elif req_id not in scheduled and not self._drafting.is_tracked(req_id):
+                self._forget(req_id, "untracked")
 
 
 def _validated_config(max_draft_len: Any, proposer: Any, proposer_options: Any, policy: Any,
@@ -319,17 +298,12 @@ def _validated_config(max_draft_len: Any, proposer: Any, proposer_options: Any, 
 
 
 def policy_batch_cap(policy: Any, batch_size: int) -> Optional[int]:
-    """The most draft tokens one request may get this step by the policy's own batch-level limit, or None.
-
-    A policy may define `batch_cap(batch_size) -> int`. The adaptive policy's
-    `max_draft_tokens_per_step` budget is shared by the whole batch and spread unevenly by its allocator,
-    so it bounds one request's draft by the whole budget, not by budget / batch_size.
-    """
-    batch_cap = getattr(policy, "batch_cap", None)
-    if batch_cap is not None:
-        return check_cap(batch_cap(batch_size), "policy batch_cap", allow_zero=True)
-    budget = getattr(getattr(policy, "options", None), "max_draft_tokens_per_step", None)
-    return None if budget is None else int(budget)
+    """The most draft tokens one request may get this step by the policy's own batch-level limit
+    (`core.BatchCapped`), or None."""
+    if not isinstance(policy, BatchCapped):
+        return None
+    cap = policy.batch_cap(batch_size)
+    return None if cap is None else check_cap(cap, "policy batch_cap", allow_zero=True)
 
 
 def _batch_order(requests: Sequence[Any]) -> list:

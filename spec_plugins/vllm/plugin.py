@@ -7,7 +7,7 @@ into them), so row-keyed per-request state is blurred and never freed for sure.
 
 This plugin wraps one method, `GPUModelRunner.propose_draft_token_ids` (MRV1; `CPUModelRunner`
 inherits it unchanged in 0.32 and 0.33, and `custom_class` always runs on MRV1). When, and only
-when, `self.drafter` is a `SpecPluginsProposer`, the wrapper, before calling the original:
+when, `self.drafter` is a `SpecPluginsProposer` (a `RequestIdAware`), the wrapper, before calling the original:
 
 - finishes every id in `scheduler_output.finished_req_ids` (requests that ended since the last step;
   the runner dropped them from its batch in `_update_states` earlier in this same step);
@@ -21,8 +21,8 @@ when, `self.drafter` is a `SpecPluginsProposer`, the wrapper, before calling the
   of the step). After `condense()` the list is trimmed to `num_reqs`, so it has no `None` holes.
 
 Some ends are still never reported to a `propose` call (the finishes carried by the empty step that
-drains the batch, steps where the runner skips the drafter); the adapter bounds its per-request
-state itself (`SpecPluginsProposer.stale_steps`).
+drains the batch, steps where the runner skips the drafter); the drafting layer bounds its
+per-request state itself (`DraftingLayer.sweep`).
 
 Where `register()` runs: vLLM calls `load_general_plugins()` (once per process) from
 `EngineArgs.__post_init__` (front end), `EngineCore.__init__` (engine-core process) and
@@ -50,8 +50,6 @@ import sys
 from importlib.metadata import PackageNotFoundError, version as _dist_version
 from typing import Any
 
-from spec_plugins.vllm.proposer import SpecPluginsProposer
-
 logger = logging.getLogger(__name__)
 
 ENV_SWITCH = "SPEC_PLUGINS_VLLM_PLUGIN"
@@ -59,6 +57,19 @@ SUPPORTED = ((0, 32), (0, 33))  # vLLM major.minor versions whose runner this pa
 RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
 METHOD = "propose_draft_token_ids"
 ORIG = "_spec_plugins_orig_" + METHOD
+
+
+
+class RequestIdAware:
+    """Base of the drafters the runner wrapper serves (`SpecPluginsProposer`): it sets `row_req_ids`
+    before each `propose` and calls `finish` for ended requests. A base class here, not an import of
+    the proposer, keeps the dependency one way (proposer -> plugin)."""
+
+    row_req_ids: Any = None
+
+    def finish(self, req_id: Any, why: str = "finished") -> None:
+        raise NotImplementedError
+
 
 _enabled = False  # register() ran in this process, the switch is on and the version is supported
 _warned = False
@@ -120,7 +131,7 @@ def install(runner_cls: Any = None) -> bool:
         return False
 
 
-def hand_over(drafter: SpecPluginsProposer, req_ids: Any, scheduler_output: Any) -> None:
+def hand_over(drafter: RequestIdAware, req_ids: Any, scheduler_output: Any) -> None:
     """What the wrapper does before each `propose`: ends first (an id can finish and be resubmitted
     in one step; vLLM then treats it as a new request, and so do we), then this step's row ids."""
     for req_id in getattr(scheduler_output, "finished_req_ids", None) or ():
@@ -134,7 +145,7 @@ def _wrap(orig: Any) -> Any:
     @functools.wraps(orig)
     def propose_draft_token_ids(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         drafter = getattr(self, "drafter", None)
-        if isinstance(drafter, SpecPluginsProposer):
+        if isinstance(drafter, RequestIdAware):
             req_ids = getattr(getattr(self, "input_batch", None), "req_ids", None)
             if req_ids is None:  # not the runner we know: leave the adapter on row keys
                 drafter.row_req_ids = None

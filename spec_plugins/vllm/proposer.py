@@ -30,21 +30,23 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 
-from spec_plugins.core import DraftRequest, apply_policy, apply_trim, check_cap, check_drafts
+from spec_plugins.core import BindsModel, check_cap
+from spec_plugins.drafting import DraftingLayer
+from spec_plugins.vllm.plugin import RequestIdAware, install
 from spec_plugins.vllm.settings import settings_from_additional_config
 
 TRACE_ENV = "SPEC_PLUGINS_TRACE_FILE"
 
 
-class SpecPluginsProposer:
+class SpecPluginsProposer(RequestIdAware):
     """Serves the proposer named in `additional_config.spec_plugins.proposer`."""
 
     fixed_proposer: ClassVar[str | None] = None
-    # A request absent from the batch for more than this many steps is finished (see _sweep).
+    # A request absent from the batch for more than this many steps is finished (DraftingLayer.sweep).
     stale_steps: ClassVar[int] = 16
     # With the trace on, every this many steps the step line also carries the proposer's `stats()`.
     trace_stats_every: ClassVar[int] = 20
@@ -58,33 +60,49 @@ class SpecPluginsProposer:
         self.settings = settings_from_additional_config(
             getattr(vllm_config, "additional_config", None), self.fixed_proposer
         )
-        self.proposer, self.policy = self.settings.build()
+        proposer, policy = self.settings.build()
         self.batch_schedule = batch_size_schedule(getattr(spec, "num_speculative_tokens_per_batch_size", None))
-        bind_model = getattr(self.policy, "bind_model", None)
-        if bind_model is not None:  # `policy: adaptive` with `hardware` alone: cost the engine's own model
-            bind_model(vllm_config.model_config.hf_config.to_dict(), source="vLLM model_config.hf_config")
+        trace = os.environ.get(TRACE_ENV)
+        self._trace = open(trace, "a", buffering=1) if trace else None
+        self.drafting = DraftingLayer(proposer, policy, who=f"proposer {self.settings.proposer!r}",
+                                      stale_steps=self.stale_steps,
+                                      on_finish=self._traced_finish if self._trace else None)
+        if isinstance(self.policy, BindsModel):  # `policy: adaptive` with `hardware` alone: cost the engine's model
+            self.drafting.bind_model(vllm_config.model_config.hf_config.to_dict(),
+                                     source="vLLM model_config.hf_config")
         # Request ids per batch row, set by the plugin's runner wrapper before each propose(). Without
         # them a row stands for its request; rows are reused and reordered between steps, which only
         # blurs per-request state (our proposers see the whole context every step).
-        self.row_req_ids: Sequence[Any] | None = None
-        self._drafted: dict[Any, int] = {}
-        # Every id handed to the proposer and not finished yet -> the last step it was in the batch.
-        self._last_seen: dict[Any, int] = {}
-        self._step = 0
-        self.num_finished = 0  # requests whose state was freed (finished, preempted or stale)
-        trace = os.environ.get(TRACE_ENV)
-        self._trace = open(trace, "a", buffering=1) if trace else None
+        self.row_req_ids = None
         # vLLM builds us inside GPUModelRunner.__init__: let the plugin (if registered in this
         # process) wrap the runner now, before its first step.
-        from spec_plugins.vllm.plugin import install
-
         install()
+
+    @property
+    def proposer(self) -> Any:
+        return self.drafting.proposer
+
+    @proposer.setter
+    def proposer(self, proposer: Any) -> None:
+        self.drafting.proposer = proposer
+
+    @property
+    def policy(self) -> Any:
+        return self.drafting.policy
+
+    @policy.setter
+    def policy(self, policy: Any) -> None:
+        self.drafting.policy = policy
+
+    @property
+    def num_finished(self) -> int:
+        """Requests whose state was freed (finished, preempted or stale)."""
+        return self.drafting.num_finished
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         # The CPU runner calls this unconditionally; model-free proposers need nothing from the target.
-        load = getattr(self.proposer, "load", None)
-        if load is not None and args:
-            load(args[0])
+        if args:
+            self.drafting.load(args[0])
 
     def propose(
         self,
@@ -93,82 +111,53 @@ class SpecPluginsProposer:
         token_ids_cpu: np.ndarray,
         slot_mappings: Any = None,
     ) -> list[list[int]]:
-        out: list[list[int]] = [[] for _ in sampled_token_ids]
-        rows, requests = [], []
-        self._step += 1
+        num_rows = len(sampled_token_ids)
+        ids = self._row_ids(num_rows)
+        sampled = np.fromiter(map(len, sampled_token_ids), dtype=np.int64, count=num_rows)
+        live = np.flatnonzero(sampled > 0)  # a row with nothing sampled is a prefill chunk in progress
         k = self.num_speculative_tokens
         if self.batch_schedule:
-            k = min(k, schedule_lookup(self.batch_schedule, len(sampled_token_ids)))
-        for i, sampled in enumerate(sampled_token_ids):
-            req_id = self._req_id(i)
-            if not sampled:  # a prefill chunk in progress: nothing to draft from yet
-                if req_id in self._last_seen:
-                    self._last_seen[req_id] = self._step
-                continue
-            first = req_id not in self._last_seen
-            self._last_seen[req_id] = self._step
-            drafted = self._drafted.pop(req_id, None)
-            if drafted is not None:
-                self.policy.observe(req_id, drafted, min(len(sampled) - 1, drafted))
-            n = int(num_tokens_no_spec[i])
-            room = max(0, self.max_model_len - n - 1)
-            rows.append(i)
-            requests.append(
-                DraftRequest(
-                    req_id=req_id,
-                    tokens=token_ids_cpu[i, :n],
-                    num_new=n if first else len(sampled),
-                    max_draft=min(k, room),
-                )
-            )
-        self._sweep()
+            k = min(k, schedule_lookup(self.batch_schedule, num_rows))
+        lens = np.asarray(num_tokens_no_spec[:num_rows], dtype=np.int64)[live]
+        room = np.maximum(self.max_model_len - lens - 1, 0)
+        live_ids = [ids[i] for i in live.tolist()] if len(live) < num_rows else ids
+        drafts = self.drafting.step(
+            live_ids, token_ids_cpu, lens, rows=live,
+            num_new=sampled[live], accepted=sampled[live] - 1, max_draft=np.minimum(room, k),
+            present=[ids[i] for i in np.flatnonzero(sampled == 0).tolist()],
+        )
         if self._trace is not None:
-            ids = [self._req_id(i) for i in range(len(sampled_token_ids))]
-            event = {"step": self._step, "rows": ids, "tracked": len(self._last_seen)}
-            stats = getattr(self.proposer, "stats", None)
-            if stats is not None and self._step % self.trace_stats_every == 0:
-                event["stats"] = stats()  # e.g. the suffix tree's cached requests, nodes, bytes
-            self._write(event)
-        if not requests:
-            return out
-        apply_policy(self.policy, requests)
-        drafts = self.proposer.propose(requests)
-        check_drafts(requests, drafts, who=f"proposer {self.settings.proposer!r}")
-        drafts = apply_trim(self.policy, requests, drafts)
-        for i, req, draft in zip(rows, requests, drafts):
-            out[i] = [int(t) for t in draft.tokens]
-            if out[i]:
-                self._drafted[req.req_id] = len(out[i])
+            self._trace_step(ids)
+        if len(live) == num_rows:
+            return drafts.lists()
+        out: list[list[int]] = [[] for _ in range(num_rows)]
+        for i, tokens in zip(live.tolist(), drafts.lists()):
+            out[i] = tokens
         return out
 
     def finish(self, req_id: Any, why: str = "finished") -> None:
         """Free `req_id`'s state in the proposer and the policy (ids never proposed for are ignored)."""
-        if self._last_seen.pop(req_id, None) is None:
-            return
-        self._drafted.pop(req_id, None)
-        self.proposer.finish(req_id)
-        self.policy.finish(req_id)
-        self.num_finished += 1
-        if self._trace is not None:
-            self._write({"finish": req_id, "why": why})
+        self.drafting.finish(req_id, why)
 
-    def _sweep(self) -> None:
-        # vLLM does not report every end to a propose() call: the finishes carried by the empty step
-        # that drains the batch reach the runner but not the drafter, steps where the runner skips the
-        # drafter drop theirs, and without the plugin nothing is reported at all. So anything absent
-        # from the batch for more than `stale_steps` steps is finished here; state is then bounded by
-        # the requests seen in the last `stale_steps` steps. A running request left unscheduled that
-        # long (rare: V1 schedules running requests first) just starts over if it comes back.
-        limit = self._step - self.stale_steps
-        for req_id in [r for r, last in self._last_seen.items() if last < limit]:
-            self.finish(req_id, why="stale")
+    def _row_ids(self, num_rows: int) -> list[Any]:
+        ids = self.row_req_ids
+        if ids is not None and len(ids) >= num_rows:
+            return list(ids[:num_rows])
+        return [ids[i] if ids is not None and i < len(ids) else f"row-{i}" for i in range(num_rows)]
+
+    def _trace_step(self, ids: list[Any]) -> None:
+        event = {"step": self.drafting.step_count, "rows": ids, "tracked": self.drafting.num_tracked}
+        if self.drafting.step_count % self.trace_stats_every == 0:
+            stats = self.drafting.stats()
+            if stats is not None:
+                event["stats"] = stats  # e.g. the suffix tree's cached requests, nodes, bytes
+        self._write(event)
+
+    def _traced_finish(self, req_id: Any, why: str) -> None:
+        self._write({"finish": req_id, "why": why})
 
     def _write(self, event: dict) -> None:
         self._trace.write(json.dumps({"pid": os.getpid(), **event}) + "\n")
-
-    def _req_id(self, row: int) -> Any:
-        ids = self.row_req_ids
-        return ids[row] if ids is not None and row < len(ids) else f"row-{row}"
 
 
 def batch_size_schedule(value: Any) -> list[tuple[int, int, int]] | None:

@@ -1,0 +1,110 @@
+// A fixed set of worker threads that run one indexed loop at a time, shared by the compiled
+// proposers' batched steps. The caller takes part in the loop, so a pool of n workers uses n + 1
+// threads; workers sleep between loops (no spinning on a shared host).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace spec_plugins {
+
+class WorkerPool {
+ public:
+  explicit WorkerPool(int workers) {
+    for (int i = 0; i < workers; ++i) threads_.emplace_back([this] { work(); });
+  }
+  ~WorkerPool() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  WorkerPool(const WorkerPool&) = delete;
+  WorkerPool& operator=(const WorkerPool&) = delete;
+
+  int workers() const { return int(threads_.size()); }
+
+  // Runs fn(i) for every i in [0, count), in chunks of `grain`, on the workers and the caller;
+  // returns when all are done and rethrows the first exception any of them raised.
+  void run(size_t count, size_t grain, const std::function<void(size_t)>& fn) {
+    if (threads_.empty() || count <= grain) {
+      for (size_t i = 0; i < count; ++i) fn(i);
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      fn_ = &fn;
+      count_ = count;
+      grain_ = grain;
+      next_.store(0);
+      busy_ = int(threads_.size());
+      error_ = nullptr;
+      ++generation_;
+    }
+    wake_.notify_all();
+    drain();
+    std::unique_lock<std::mutex> lock(mu_);
+    done_.wait(lock, [this] { return busy_ == 0; });
+    fn_ = nullptr;
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  void drain() {
+    try {
+      for (;;) {
+        const size_t from = next_.fetch_add(grain_);
+        if (from >= count_) break;
+        const size_t to = from + grain_ < count_ ? from + grain_ : count_;
+        for (size_t i = from; i < to; ++i) (*fn_)(i);
+      }
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!error_) error_ = std::current_exception();
+      next_.store(count_);
+    }
+  }
+
+  void work() {
+    unsigned long long seen = 0;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+      }
+      drain();
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--busy_ == 0) done_.notify_one();
+    }
+  }
+
+  std::vector<std::thread> threads_;
+  std::mutex mu_;
+  std::condition_variable wake_, done_;
+  const std::function<void(size_t)>* fn_ = nullptr;
+  size_t count_ = 0, grain_ = 1;
+  std::atomic<size_t> next_{0};
+  int busy_ = 0;
+  unsigned long long generation_ = 0;
+  bool stop_ = false;
+  std::exception_ptr error_;
+};
+
+// Workers for a batched step on this host: one per extra core, at most `cap`.
+inline int default_workers(int cap = 3) {
+  const unsigned hw = std::thread::hardware_concurrency();
+  const int extra = hw > 1 ? int(hw) - 1 : 0;
+  return extra < cap ? extra : cap;
+}
+
+}  // namespace spec_plugins

@@ -1,0 +1,233 @@
+"""Host time of one drafting step at serving batch sizes, beside vLLM's own proposers, in one run.
+
+    python -m spec_plugins.bench.step_overhead [--batches 1,16,64,256] [--steps 30] [--k 16] [--json PATH]
+
+On a GPU the drafting step runs between two verification steps (vLLM's `custom_class` path is
+synchronous), so every microsecond here is added to the step. Each batch is B requests whose contexts
+are real Python source files (the standard library's, SmolLM2 tokenizer) of 2-4k tokens; every step
+appends the next 1-4 true tokens of each file (what vLLM hands over as sampled tokens) and every
+proposer is called exactly as vLLM 0.32's model runner calls it, on the same arrays:
+
+* ours: `spec_plugins.vllm.SpecPluginsProposer` (the whole `custom_class` adapter: drafting layer,
+  policy, proposer), suffix tree and n-gram, policy `fixed` and `adaptive` (`hardware: h200`, the
+  target costed as Llama-3.1-8B);
+* vLLM's `SuffixDecodingProposer` (method `suffix`, ArcticInference) and `NgramProposer` (method
+  `ngram`, its numba batch kernel).
+
+Reported per proposer and batch: median microseconds per whole `propose()` call over the timed steps,
+per request, the ratio to vLLM's `suffix` at the same batch, and the share of the measured H200 step of
+a Llama-3.1-8B-shaped stack at that batch (`benchmarks/profiles/h200-llama-3.1-8b-stack.json`, the
+step with no drafts: the cheapest verification step, so the share is an upper bound). Timings come
+from this host; the proposers run in turns inside each step so a noisy moment hits them all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import sysconfig
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import numpy as np
+
+PROFILE = Path(__file__).resolve().parents[2] / "benchmarks" / "profiles" / "h200-llama-3.1-8b-stack.json"
+MODEL_CONFIG = "llama-3.1-8b"
+MAX_MODEL_LEN = 8192
+
+
+def code_token_streams(count: int, min_tokens: int, progress: bool = True) -> list[np.ndarray]:
+    """Token ids of `count` standard-library source files of at least `min_tokens` tokens (SmolLM2)."""
+    from transformers import AutoTokenizer
+
+    from spec_plugins.models import smollm2_path
+
+    tok = AutoTokenizer.from_pretrained(smollm2_path(progress=progress))
+    files = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
+    out: list[np.ndarray] = []
+    for f in files:
+        text = f.read_text(encoding="utf-8", errors="replace")
+        if len(text) < 4 * min_tokens:  # a source file runs ~3-4 characters per token
+            continue
+        ids = np.asarray(tok(text)["input_ids"], dtype=np.int32)
+        if len(ids) >= min_tokens:
+            out.append(ids)
+        if len(out) == count:
+            return out
+    if not out:
+        raise RuntimeError(f"no standard-library file has {min_tokens} tokens")
+    return [out[i % len(out)] for i in range(count)]  # fewer files than requests: reuse them
+
+
+class Batch:
+    """vLLM's per-step inputs for B requests: the runner's token matrix and the sampled tokens."""
+
+    def __init__(self, streams: list[np.ndarray], rng: np.random.Generator, width: int) -> None:
+        self.streams = streams
+        b = len(streams)
+        self.token_ids_cpu = np.zeros((b, width), dtype=np.int32)
+        self.num_tokens = np.array([rng.integers(2048, min(4096, len(s) - 200) + 1) for s in streams])
+        for i, s in enumerate(streams):
+            self.token_ids_cpu[i, : self.num_tokens[i]] = s[: self.num_tokens[i]]
+        self.num_prompt = self.num_tokens.copy()
+        self.sampled: list[list[int]] = [[int(s[n - 1])] for s, n in zip(streams, self.num_tokens)]
+        self.req_ids = [f"req-{i}" for i in range(b)]
+        self.rng = rng
+
+    def advance(self) -> None:
+        """Each request commits its file's next 1-4 tokens."""
+        for i, s in enumerate(self.streams):
+            n = int(self.num_tokens[i])
+            k = int(min(self.rng.integers(1, 5), len(s) - n))
+            self.token_ids_cpu[i, n : n + k] = s[n : n + k]
+            self.num_tokens[i] = n + k
+            self.sampled[i] = s[n : n + k].tolist()
+
+    def input_batch(self) -> SimpleNamespace:
+        """The parts of vLLM's InputBatch its SuffixDecodingProposer reads."""
+        return SimpleNamespace(req_ids=self.req_ids, num_tokens_no_spec=self.num_tokens,
+                               req_id_to_index={r: i for i, r in enumerate(self.req_ids)},
+                               num_prompt_tokens=self.num_prompt, token_ids_cpu=self.token_ids_cpu)
+
+
+def vllm_config(k: int, additional: dict | None = None, method: str = "custom_class") -> SimpleNamespace:
+    from spec_plugins.policy.model import load_model_config
+
+    hf = load_model_config(MODEL_CONFIG)
+    spec = SimpleNamespace(
+        method=method, num_speculative_tokens=k, num_speculative_tokens_per_batch_size=None,
+        prompt_lookup_min=2, prompt_lookup_max=5,
+        suffix_decoding_max_tree_depth=24, suffix_decoding_max_cached_requests=10000,
+        suffix_decoding_max_spec_factor=1.0, suffix_decoding_min_token_prob=0.1,
+    )
+    return SimpleNamespace(
+        speculative_config=spec, additional_config=additional or {},
+        model_config=SimpleNamespace(max_model_len=MAX_MODEL_LEN, hf_config=SimpleNamespace(to_dict=lambda: hf)),
+        scheduler_config=SimpleNamespace(max_num_seqs=1024), parallel_config=SimpleNamespace(tensor_parallel_size=1),
+    )
+
+
+def contenders(k: int) -> dict[str, Callable[[], Callable[[Batch], Any]]]:
+    """name -> factory of a call that runs one drafting step on a Batch, as vLLM's runner would."""
+
+    def ours(proposer: str, policy: str) -> Callable[[], Callable[[Batch], Any]]:
+        def make() -> Callable[[Batch], Any]:
+            from spec_plugins.vllm import SpecPluginsProposer
+
+            extra = {"spec_plugins": {"proposer": proposer, "policy": policy,
+                                      **({"policy_options": {"hardware": "h200"}} if policy == "adaptive" else {})}}
+            p = SpecPluginsProposer(vllm_config(k, extra))
+
+            def call(b: Batch) -> Any:
+                p.row_req_ids = b.req_ids  # what the plugin's runner wrapper sets
+                return p.propose(b.sampled, b.num_tokens, b.token_ids_cpu)
+            return call
+        return make
+
+    def vllm_suffix() -> Callable[[Batch], Any]:
+        from vllm.v1.spec_decode.suffix_decoding import SuffixDecodingProposer
+
+        p = SuffixDecodingProposer(vllm_config(k, method="suffix"))
+        return lambda b: p.propose(k, b.input_batch(), b.sampled)
+
+    def vllm_ngram() -> Callable[[Batch], Any]:
+        from vllm.v1.spec_decode.ngram_proposer import NgramProposer
+
+        cfg = vllm_config(k, method="ngram")
+        cfg.model_config.max_model_len = 4608  # the JIT warm-up allocates 1024 x max_model_len
+        p = NgramProposer(cfg)
+        return lambda b: p.propose(k, b.sampled, b.num_tokens, b.token_ids_cpu)
+
+    return {
+        "suffix_tree fixed": ours("suffix_tree", "fixed"),
+        "suffix_tree adaptive": ours("suffix_tree", "adaptive"),
+        "ngram fixed": ours("ngram", "fixed"),
+        "ngram adaptive": ours("ngram", "adaptive"),
+        "vLLM suffix (ArcticInference)": vllm_suffix,
+        "vLLM ngram (numba)": vllm_ngram,
+    }
+
+
+def h200_step_ms(batch: int) -> float | None:
+    if not PROFILE.exists():
+        return None
+    from spec_plugins.policy.measured import MeasuredCost
+
+    return MeasuredCost(str(PROFILE)).batch_time(batch, batch) * 1e3
+
+
+def measure(batches: list[int], steps: int, warmup: int, k: int, seed: int, progress: bool = True) -> list[dict]:
+    from tqdm import tqdm
+
+    streams = code_token_streams(max(batches), 4096 + 4 * (steps + warmup) + 256, progress=progress)
+    makers = contenders(k)
+    rows = []
+    bar = tqdm(total=len(batches) * (steps + warmup), desc="drafting steps", disable=not progress, leave=False)
+    for b in batches:
+        calls = {name: make() for name, make in makers.items()}  # fresh state per batch size
+        batch = Batch(streams[:b], np.random.default_rng(seed), 4096 + 4 * (steps + warmup) + 512)
+        times: dict[str, list[float]] = {name: [] for name in calls}
+        for step in range(steps + warmup):
+            order = list(calls)
+            if step % 2:
+                order.reverse()  # alternate who goes first (caches, turbo)
+            for name in order:
+                t0 = time.perf_counter()
+                calls[name](batch)
+                dt = time.perf_counter() - t0
+                if step >= warmup:
+                    times[name].append(dt)
+            batch.advance()
+            bar.update()
+        step_ms = h200_step_ms(b)
+        base = statistics.median(times["vLLM suffix (ArcticInference)"])
+        for name, ts in times.items():
+            med = statistics.median(ts)
+            rows.append({"proposer": name, "batch": b, "us_per_step": med * 1e6, "us_per_request": med * 1e6 / b,
+                         "vs_vllm_suffix": med / base, "h200_step_ms": step_ms,
+                         "share_of_h200_step": None if step_ms is None else med * 1e3 / step_ms})
+    bar.close()
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="Whole drafting step (propose() as vLLM calls it), median per step")
+    for col in ("proposer", "B", "µs/step", "µs/request", "x vLLM suffix", "share of H200 step"):
+        table.add_column(col, justify="left" if col == "proposer" else "right")
+    for r in rows:
+        share = "-" if r["share_of_h200_step"] is None else f"{100 * r['share_of_h200_step']:.1f}% of {r['h200_step_ms']:.1f} ms"
+        table.add_row(r["proposer"], str(r["batch"]), f"{r['us_per_step']:.0f}", f"{r['us_per_request']:.2f}",
+                      f"{r['vs_vllm_suffix']:.3f}", share)
+    Console(width=max(120, Console().width)).print(table)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m spec_plugins.bench.step_overhead", description=__doc__.split("\n")[0])
+    ap.add_argument("--batches", default="1,16,64,256", help="batch sizes (comma-separated)")
+    ap.add_argument("--steps", type=int, default=30, help="timed steps per batch size")
+    ap.add_argument("--warmup", type=int, default=5, help="untimed steps first")
+    ap.add_argument("--k", type=int, default=16, help="num_speculative_tokens")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", help="also write the rows as JSON here")
+    args = ap.parse_args(argv)
+    try:
+        batches = [int(x) for x in args.batches.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--batches: expected comma-separated integers, got {args.batches!r}")
+    if not batches or min(batches) < 1 or args.steps < 1 or args.k < 1:
+        ap.error("--batches, --steps and --k must be positive")
+    rows = measure(batches, args.steps, args.warmup, args.k, args.seed, progress=sys.stderr.isatty())
+    print_table(rows)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

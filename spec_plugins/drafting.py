@@ -1,0 +1,275 @@
+"""The drafting layer every engine adapter calls: one step of a whole batch, in columns.
+
+    layer = DraftingLayer(proposer, policy, who="proposer 'suffix_tree'")
+    drafts = layer.step(req_ids, token_matrix, context_lens, rows=rows, num_new=..., accepted=..., max_draft=caps)
+    drafts.lists()  # [[tok, ...], ...] per request
+
+What an engine adapter would otherwise write for itself lives here once:
+
+* the per-request ledger: ids seen, context length last handed to the proposer (-> `num_new`), the
+  length of the last draft until its verification is reported (-> `policy.observe`), the last step a
+  request was in the batch;
+* finishing exactly once (`finish`), whichever path sees an end first, and a bound on stale state: a
+  request absent from the batch for more than `stale_steps` steps is finished (engines do not report
+  every end to their drafter);
+* caps -> propose -> check -> trim, through the batched paths the proposer and the policy declare
+  (`core.BatchProposer`, `core.BatchPolicy`), else through their per-request methods.
+
+The ledger is columnar (request -> slot, numpy columns per slot) so a step costs a few numpy calls
+plus one dict lookup per request: on a GPU this host time sits between two verification steps.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from spec_plugins.core import (
+    BatchDrafts, BatchPolicy, BatchProposer, BindsModel, DraftBatch, DraftLengthPolicy, HasStats, LoadsTarget,
+    Proposer, ReqId, TrimsDrafts, check_cap,
+)
+from spec_plugins.slots import RequestSlots
+
+
+_NEVER_STALE = np.iinfo(np.int64).max
+
+
+class DraftingLayer:
+    """Per-request ledger and one drafting step per engine step, shared by every engine adapter.
+
+    who:        names the proposer in errors ("proposer 'ngram'").
+    stale_steps: a request absent from this many steps in a row is finished.
+    on_finish:  called as on_finish(req_id, why) after a request's state is freed (traces).
+    """
+
+    def __init__(self, proposer: Proposer, policy: DraftLengthPolicy, *, who: str = "proposer",
+                 stale_steps: int = 16, on_finish: Callable[[ReqId, str], None] | None = None) -> None:
+        self.proposer = proposer
+        self.policy = policy
+        self.who = who
+        self.stale_steps = check_cap(stale_steps, "stale_steps")
+        self.on_finish = on_finish
+        # last_step: the last step the request was in the batch; seen_len: the context length last handed
+        # to the proposer; drafted: the last draft's length, until its verification is reported.
+        self._ledger = RequestSlots(last_step=((), np.int64, 0), seen_len=((), np.int64, 0),
+                                    drafted=((), np.int64, 0))
+        self.step_count = 0
+        self.num_finished = 0  # requests whose state was freed (finished, preempted or stale)
+
+    @property
+    def proposer(self) -> Proposer:
+        return self._proposer
+
+    @proposer.setter
+    def proposer(self, proposer: Proposer) -> None:
+        self._proposer = proposer
+        self._batch_proposer = isinstance(proposer, BatchProposer)  # optional hooks: resolved once, here
+
+    @property
+    def policy(self) -> DraftLengthPolicy:
+        return self._policy
+
+    @policy.setter
+    def policy(self, policy: DraftLengthPolicy) -> None:
+        self._policy = policy
+        self._batch_policy = isinstance(policy, BatchPolicy)
+
+    # ---- what adapters hand through -------------------------------------------------------------
+
+    def bind_model(self, model: Any, source: str) -> None:
+        """Hand the engine's model config to a policy that costs it (`adaptive` with `hardware` alone)."""
+        if isinstance(self.policy, BindsModel):
+            self.policy.bind_model(model, source=source)
+
+    def load(self, target: Any) -> None:
+        """Hand the target model to a drafter that needs it."""
+        if isinstance(self.proposer, LoadsTarget):
+            self.proposer.load(target)
+
+    def stats(self) -> dict[str, Any] | None:
+        return self.proposer.stats() if isinstance(self.proposer, HasStats) else None
+
+    @property
+    def num_tracked(self) -> int:
+        """Requests whose per-request state is held (handed to the proposer, not finished yet)."""
+        return len(self._ledger)
+
+    def is_tracked(self, req_id: ReqId) -> bool:
+        return req_id in self._ledger
+
+    def tracked(self) -> list[ReqId]:
+        return list(self._ledger)
+
+    # ---- the step ---------------------------------------------------------------------------------
+
+    def step(
+        self,
+        req_ids: Sequence[ReqId],
+        contexts: Any,
+        context_lens: Sequence[int] | np.ndarray,
+        *,
+        max_draft: Sequence[int] | np.ndarray | int,
+        rows: np.ndarray | None = None,
+        num_new: np.ndarray | None = None,
+        accepted: np.ndarray | None = None,
+        features: Sequence[Any] | None = None,
+        present: Sequence[ReqId] = (),
+    ) -> BatchDrafts:
+        """Draft for every request of this engine step.
+
+        contexts, rows, context_lens, features: as in `DraftBatch` (a token matrix + rows, or sequences).
+        max_draft:  the engine's cap per request (or one for all); the policy may lower it.
+        num_new:    tokens appended since each request was last seen, where the engine knows it (vLLM's
+                    sampled tokens); otherwise the context's growth since then. A request seen for the
+                    first time always gets its whole context.
+        accepted:   drafted tokens the engine accepted in each request's last verification, or -1 where
+                    that draft has not been verified yet (it stays pending); None: report nothing now.
+        present:    requests in the engine's batch that do not draft this step (a prefill chunk); they
+                    are not stale.
+        """
+        self.step_count += 1
+        n = len(req_ids)
+        lens = np.asarray(context_lens, dtype=np.int64)
+        if len(set(req_ids)) != n:
+            raise ValueError(f"{self.who}: a request id appears twice in one step")
+        ledger = self._ledger
+        slots, new = ledger.lookup(req_ids)
+        ledger["last_step"][slots] = self.step_count
+        if accepted is not None:
+            self._observe(slots, req_ids, np.asarray(accepted, dtype=np.int64))
+        if num_new is None:
+            grown = lens - ledger["seen_len"][slots]
+        else:
+            grown = np.asarray(num_new, dtype=np.int64)
+        # First sight, or a context that shrank (recomputed): the whole context is new.
+        grown = np.where(new | (grown < 0) | (grown > lens), lens, grown)
+        ledger["seen_len"][slots] = lens
+        self.touch(present)
+        self.sweep()
+        caps = np.broadcast_to(np.asarray(max_draft, dtype=np.int64), (n,))
+        batch = DraftBatch(req_ids, contexts, lens, grown, np.maximum(caps, 0), rows=rows, features=features)
+        if n == 0:
+            return BatchDrafts(np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64))
+        batch.max_draft = self._caps(batch)
+        drafts = self._propose(batch)
+        self._check(batch, drafts)
+        drafts = self._trim(batch, drafts)
+        ledger["drafted"][slots] = drafts.lengths
+        return drafts
+
+    def verified(self, req_ids: Sequence[ReqId], accepted: Sequence[int] | np.ndarray) -> None:
+        """Report verification results now (an engine that knows them right after its forward)."""
+        slots, _ = self._ledger.lookup(req_ids, create=False)
+        known = slots >= 0
+        if not known.all():
+            req_ids = [r for r, k in zip(req_ids, known) if k]
+            slots, accepted = slots[known], np.asarray(accepted, dtype=np.int64)[known]
+        self._observe(slots, req_ids, np.asarray(accepted, dtype=np.int64))
+
+    def touch(self, req_ids: Sequence[ReqId]) -> None:
+        """These requests are in the engine's batch without drafting this step: keep them fresh."""
+        if req_ids:
+            slots, _ = self._ledger.lookup(req_ids, create=False)
+            self._ledger["last_step"][slots[slots >= 0]] = self.step_count
+
+    def finish(self, req_id: ReqId, why: str = "finished") -> bool:
+        """Free `req_id`'s state in the proposer and the policy, once; unknown ids are ignored."""
+        slot = self._ledger.release(req_id)
+        if slot is None:
+            return False
+        self._ledger["last_step"][slot] = _NEVER_STALE  # a free slot is not swept again
+        self.proposer.finish(req_id)
+        self.policy.finish(req_id)
+        self.num_finished += 1
+        if self.on_finish is not None:
+            self.on_finish(req_id, why)
+        return True
+
+    def sweep(self) -> None:
+        """Finish every request absent from the batch for more than `stale_steps` steps.
+
+        Engines do not report every end to their drafter (vLLM: the finishes of the step that drains
+        the batch, or of steps where the runner skips the drafter; TensorRT-LLM: none at all), so state
+        is bounded by the requests seen in the last `stale_steps` steps. A running request left
+        unscheduled that long just starts over if it comes back.
+        """
+        limit = self.step_count - self.stale_steps
+        ledger = self._ledger
+        for slot in np.flatnonzero(ledger["last_step"][: ledger.capacity] < limit).tolist():
+            self.finish(ledger.id_at(slot), why="stale")
+
+    # ---- internals --------------------------------------------------------------------------------
+
+    def _observe(self, slots: np.ndarray, req_ids: Sequence[ReqId], accepted: np.ndarray) -> None:
+        drafted = self._ledger["drafted"][slots]
+        due = (drafted > 0) & (accepted >= 0)
+        if not due.any():
+            return
+        idx = np.flatnonzero(due)
+        # A pad or a lucky token past the draft can "match": the proposer drafted only `drafted`.
+        acc = np.minimum(accepted[idx], drafted[idx])
+        ids = [req_ids[i] for i in idx.tolist()]
+        if self._batch_policy:
+            self.policy.observe_batch(ids, drafted[idx], acc)
+        else:
+            for r, d, a in zip(ids, drafted[idx].tolist(), acc.tolist()):
+                self.policy.observe(r, d, a)
+        self._ledger["drafted"][slots[idx]] = 0
+
+    def _caps(self, batch: DraftBatch) -> np.ndarray:
+        if self._batch_policy:
+            caps = np.asarray(self.policy.caps_batch(batch))
+            if caps.shape != (len(batch),) or (caps.size and (caps.dtype.kind not in "iu" or caps.min() < 0)):
+                raise ValueError(f"policy: caps_batch must return {len(batch)} integers >= 0")
+        else:
+            given = self.policy.caps(batch.requests())
+            if len(given) != len(batch):
+                raise ValueError(f"policy: returned {len(given)} caps for {len(batch)} requests")
+            caps = np.array([check_cap(c, f"policy cap for request {r!r}", allow_zero=True)
+                             for r, c in zip(batch.req_ids, given)], dtype=np.int64)
+        return np.minimum(batch.max_draft, caps.astype(np.int64, copy=False))
+
+    def _propose(self, batch: DraftBatch) -> BatchDrafts:
+        if self._batch_proposer:
+            drafts = self.proposer.propose_batch(batch)
+            if not isinstance(drafts, BatchDrafts):
+                raise ValueError(f"{self.who}: propose_batch returned {type(drafts).__name__}, expected BatchDrafts")
+            return drafts
+        drafts = self.proposer.propose(batch.requests())
+        if len(drafts) != len(batch):
+            raise ValueError(f"{self.who}: returned {len(drafts)} drafts for {len(batch)} requests")
+        for d in drafts:
+            n = len(d.tokens)
+            if d.probs is not None and len(d.probs) != n:
+                raise ValueError(f"{self.who}: a draft has {len(d.probs)} prob rows for {n} tokens")
+            if d.confidence is not None and len(d.confidence) != n:
+                raise ValueError(f"{self.who}: a draft has {len(d.confidence)} confidences for {n} tokens")
+        return BatchDrafts.from_drafts(drafts)
+
+    def _check(self, batch: DraftBatch, drafts: BatchDrafts) -> None:
+        if len(drafts) != len(batch):
+            raise ValueError(f"{self.who}: returned {len(drafts)} drafts for {len(batch)} requests")
+        over = drafts.lengths > batch.max_draft
+        if over.any():
+            i = int(np.argmax(over))
+            raise ValueError(f"{self.who}: draft for request {batch.req_ids[i]!r} has {drafts.lengths[i]} tokens, "
+                             f"cap is {batch.max_draft[i]}")
+
+    def _trim(self, batch: DraftBatch, drafts: BatchDrafts) -> BatchDrafts:
+        if self._batch_policy:
+            keep = self.policy.trim_batch(batch, drafts)
+        elif isinstance(self.policy, TrimsDrafts):
+            keep = self.policy.trim(batch.requests(), drafts.drafts())
+        else:
+            return drafts
+        if keep is None:
+            return drafts
+        if len(keep) != len(batch):
+            raise ValueError(f"policy: trim returned {len(keep)} lengths for {len(batch)} drafts")
+        if not isinstance(keep, np.ndarray) or keep.dtype.kind not in "iu":
+            keep = np.array([check_cap(k, f"policy trim length for request {r!r}", allow_zero=True)
+                             for r, k in zip(batch.req_ids, keep)], dtype=np.int64)
+        elif keep.size and keep.min() < 0:
+            raise ValueError("policy: a trim length must be an integer >= 0")
+        return drafts.truncated(keep)

@@ -1,0 +1,97 @@
+"""Dense integer slots for request ids, with numpy columns per slot: per-request state that a whole
+step reads and writes with a few array operations instead of a Python loop over requests.
+
+    slots = RequestSlots(last_step=((), np.int64, 0), trials=((64,), np.float64, 0.0))
+    idx, new = slots.lookup(req_ids)         # creates slots for unseen ids (their rows reset)
+    slots["trials"][idx] *= 0.9
+    slots.release(req_id)                     # the slot is reused by a later request
+
+Used by the drafting layer's ledger and the adaptive policy's estimators.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Hashable, Iterator, Sequence
+
+import numpy as np
+
+
+class RequestSlots:
+    """req_id -> slot, and one numpy column per named field (shape `(capacity, *tail)`).
+
+    Each column is declared as name=(tail shape, dtype, fill); a new slot's rows are set to `fill`.
+    """
+
+    def __init__(self, **columns: tuple[tuple[int, ...], Any, Any]) -> None:
+        self._spec = columns
+        self._index: dict[Hashable, int] = {}
+        self._ids: list[Hashable | None] = []  # slot -> id (None: free)
+        self._free: list[int] = []
+        self._cols = {name: np.full((0, *tail), fill, dtype=dtype) for name, (tail, dtype, fill) in columns.items()}
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __contains__(self, req_id: Hashable) -> bool:
+        return req_id in self._index
+
+    def __iter__(self) -> Iterator[Hashable]:
+        return iter(self._index)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._cols[name]
+
+    @property
+    def capacity(self) -> int:
+        return len(self._ids)
+
+    def slot(self, req_id: Hashable) -> int | None:
+        return self._index.get(req_id)
+
+    def id_at(self, slot: int) -> Hashable | None:
+        return self._ids[slot]
+
+    def lookup(self, req_ids: Sequence[Hashable], create: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """(slots, new): each id's slot (-1 for an unknown id when create=False) and which were created."""
+        get = self._index.get
+        slots = np.fromiter((get(r, -1) for r in req_ids), dtype=np.int64, count=len(req_ids))
+        new = slots < 0
+        if create and new.any():
+            for i in np.flatnonzero(new).tolist():
+                slots[i] = self._add(req_ids[i])
+        elif not create:
+            new = np.zeros(len(req_ids), dtype=bool)
+        return slots, new
+
+    def gather(self, name: str, slots: np.ndarray, default: Any) -> np.ndarray:
+        """Column `name` at `slots`, with `default` where a slot is -1 (an unknown id)."""
+        col = self._cols[name]
+        out = np.full((len(slots), *col.shape[1:]), default, dtype=col.dtype)
+        known = slots >= 0
+        if known.any():
+            out[known] = col[slots[known]]
+        return out
+
+    def release(self, req_id: Hashable) -> int | None:
+        """Free req_id's slot; returns it, or None if the id has none."""
+        slot = self._index.pop(req_id, None)
+        if slot is not None:
+            self._ids[slot] = None
+            self._free.append(slot)
+        return slot
+
+    def _add(self, req_id: Hashable) -> int:
+        if self._free:
+            slot = self._free.pop()
+        else:
+            slot = len(self._ids)
+            self._ids.append(None)
+            if slot >= len(next(iter(self._cols.values()), ())) and self._cols:
+                grow = max(64, slot)
+                for name, (tail, dtype, fill) in self._spec.items():
+                    self._cols[name] = np.concatenate([self._cols[name], np.full((grow, *tail), fill, dtype=dtype)])
+        self._ids[slot] = req_id
+        self._index[req_id] = slot
+        for name, (_, _, fill) in self._spec.items():
+            self._cols[name][slot] = fill
+        return slot

@@ -1,0 +1,180 @@
+"""The batched drafting path (`propose_batch`, one compiled call per step) against the per-request path,
+and the drafting layer's ledger, with plain objects."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spec_plugins.core import BatchDrafts, Draft, DraftBatch, DraftRequest, FixedLength
+from spec_plugins.drafting import DraftingLayer
+from spec_plugins.proposers.ngram import NgramProposer
+from spec_plugins.proposers.suffix_tree import SuffixTreeProposer
+
+
+def scenario(seed: int, steps: int = 25):
+    """Engine steps of requests that join, grow by 1-4 tokens, finish, come back under a reused id with
+    another context, or show up with a context that does not follow (a recomputed request).
+
+    Yields (step's [(req_id, context)], ids finished before the step)."""
+    rng = np.random.default_rng(seed)
+    vocab = int(rng.integers(3, 12))  # small: plenty of repeats for the trees and n-grams
+    live: dict[str, list[int]] = {}
+    next_id = 0
+    for _ in range(steps):
+        finished = []
+        for r in list(live):
+            if rng.random() < 0.08:
+                finished.append(r)
+                del live[r]
+        reusable = list(finished)
+        while len(live) < 12 and rng.random() < 0.5:
+            if reusable and rng.random() < 0.3:  # a new request under a finished one's id
+                r = reusable.pop()
+            else:
+                r, next_id = f"req-{next_id}", next_id + 1
+            live[r] = rng.integers(0, vocab, size=int(rng.integers(1, 60))).tolist()
+        for r, ctx in live.items():
+            if rng.random() < 0.05:  # recomputed: a context that is not the old one plus new tokens
+                live[r] = rng.integers(0, vocab, size=len(ctx) + 1).tolist()
+            else:
+                ctx.extend(rng.integers(0, vocab, size=int(rng.integers(1, 5))).tolist())
+        order = list(live)
+        rng.shuffle(order)
+        yield [(r, list(live[r])) for r in order], finished, rng
+
+
+def num_new(seen: dict, req_id, ctx) -> int:
+    return len(ctx) if req_id not in seen else len(ctx) - seen[req_id]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from(["matrix32", "matrix64", "lists"]), st.booleans())
+def test_suffix_tree_batch_drafts_equal_per_request_drafts(seed, layout, threads):
+    opts = {"max_depth": 12, "max_cached_requests": 5}
+    single = SuffixTreeProposer(**opts)
+    batched = SuffixTreeProposer(**opts, threads=1 if threads else 0, parallel_from=1)
+    seen: dict = {}
+    for step, finished, rng in scenario(seed):
+        for r in finished:
+            single.finish(r)
+            batched.finish(r)
+            seen.pop(r, None)
+        ids = [r for r, _ in step]
+        ctxs = [c for _, c in step]
+        new = [num_new(seen, r, c) for r, c in step]
+        caps = rng.integers(0, 9, size=len(step))
+        want = single.propose([DraftRequest(r, c, n, int(k)) for r, c, n, k in zip(ids, ctxs, new, caps)])
+        got = batched.propose_batch(make_batch(ids, ctxs, new, caps, layout, rng))
+        assert got.lists() == [d.tokens for d in want]
+        assert got.confidence.tolist() == [c for d in want for c in d.confidence]
+        for r, c in step:
+            seen[r] = len(c)
+    assert batched.stats() == single.stats()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from(["matrix32", "matrix64", "lists"]))
+def test_ngram_batch_drafts_equal_per_request_drafts(seed, layout):
+    single, batched = NgramProposer(min_ngram=1, max_ngram=4), NgramProposer(min_ngram=1, max_ngram=4, parallel_from=2)
+    for step, _, rng in scenario(seed, steps=8):
+        ids, ctxs = [r for r, _ in step], [c for _, c in step]
+        caps = rng.integers(0, 9, size=len(step))
+        want = single.propose([DraftRequest(r, c, len(c), int(k)) for r, c, k in zip(ids, ctxs, caps)])
+        got = batched.propose_batch(make_batch(ids, ctxs, [len(c) for c in ctxs], caps, layout, rng))
+        assert got.lists() == [d.tokens for d in want]
+
+
+def make_batch(ids, ctxs, new, caps, layout, rng) -> DraftBatch:
+    lens = np.array([len(c) for c in ctxs], dtype=np.int64)
+    if layout == "lists":
+        return DraftBatch(ids, ctxs, lens, np.array(new), caps)
+    # vLLM's layout: a wider matrix, rows in any order, stale tokens past each length.
+    dtype = np.int32 if layout == "matrix32" else np.int64
+    width = int(lens.max()) + 5 if len(lens) else 1
+    rows = rng.permutation(len(ctxs) + 2)[: len(ctxs)]
+    mat = rng.integers(0, 1000, size=(len(ctxs) + 2, width)).astype(dtype)
+    for row, c in zip(rows, ctxs):
+        mat[row, : len(c)] = c
+    return DraftBatch(ids, mat, lens, np.array(new), caps, rows=rows)
+
+
+def test_suffix_tree_batch_rejects_bad_tokens_and_duplicate_ids():
+    p = SuffixTreeProposer()
+    with pytest.raises(ValueError, match=r"suffix_tree: contexts row 1: token id at position 2"):
+        p.propose_batch(DraftBatch(["a", "b"], [[1, 2], [1, 2, -3]], np.array([2, 3]), np.array([2, 3]),
+                                   np.array([4, 4])))
+    with pytest.raises(ValueError, match="DraftBatch.num_new: row 0"):
+        DraftBatch(["a"], [[1]], np.array([1]), np.array([2]), np.array([1]))
+    layer = DraftingLayer(p, FixedLength())
+    with pytest.raises(ValueError, match="appears twice"):
+        layer.step(["a", "a"], [[1, 2], [1, 2]], [2, 2], max_draft=4)
+
+
+class Recorder:
+    """A proposer and a policy that record what the layer hands them."""
+
+    def __init__(self):
+        self.requests, self.finished, self.observed = [], [], []
+
+    def propose(self, requests):
+        self.requests.append([(r.req_id, len(r.tokens), r.num_new, r.max_draft) for r in requests])
+        return [Draft(list(range(r.max_draft))) for r in requests]
+
+    def finish(self, req_id):
+        self.finished.append(req_id)
+
+    def caps(self, requests):
+        return [min(r.max_draft, 3) for r in requests]
+
+    def observe(self, req_id, drafted, accepted):
+        self.observed.append((req_id, drafted, accepted))
+
+
+def test_layer_ledger_num_new_observations_and_finishing_once():
+    prop, pol = Recorder(), Recorder()
+    layer = DraftingLayer(prop, pol, stale_steps=2)
+    out = layer.step(["a", "b"], [[1, 2, 3], [4]], [3, 1], max_draft=[5, 2])
+    assert out.lists() == [[0, 1, 2], [0, 1]]  # policy caps at 3, engine cap 2 for b
+    assert prop.requests[-1] == [("a", 3, 3, 3), ("b", 1, 1, 2)]
+    # a's draft verified (2 accepted), b's not yet (-1: stays pending); c joins.
+    layer.step(["a", "b", "c"], [[1, 2, 3, 9, 9, 9], [4, 5], [7]], [6, 2, 1], max_draft=5, accepted=[2, -1, -1])
+    assert prop.requests[-1] == [("a", 6, 3, 3), ("b", 2, 1, 3), ("c", 1, 1, 3)]
+    assert pol.observed == [("a", 3, 2)]
+    layer.verified(["b"], [9])  # more than drafted: credited only what was drafted
+    assert pol.observed[-1] == ("b", 3, 3)
+    assert layer.finish("a") and not layer.finish("a") and prop.finished == pol.finished == ["a"]
+    for _ in range(3):  # b and c absent: stale after 2 steps
+        layer.step(["d"], [[1]], [1], max_draft=1)
+    assert sorted(prop.finished) == sorted(pol.finished) == ["a", "b", "c"] and layer.tracked() == ["d"]
+    # A reused id starts over: its whole context is new.
+    layer.step(["a"], [[5, 6]], [2], max_draft=1)
+    assert prop.requests[-1] == [("a", 2, 2, 1)]
+
+
+def test_layer_keeps_prefill_rows_fresh_and_checks_drafts():
+    rec = Recorder()
+    layer = DraftingLayer(rec, FixedLength(), stale_steps=1)
+    layer.step(["a"], [[1]], [1], max_draft=1)
+    for _ in range(3):
+        layer.step(["b"], [[1]], [1], max_draft=1, present=["a"])
+    assert rec.finished == []
+
+    class TooLong(Recorder):
+        def propose(self, requests):
+            return [Draft([1, 2, 3]) for _ in requests]
+
+    with pytest.raises(ValueError, match="draft for request 'x' has 3 tokens, cap is 2"):
+        DraftingLayer(TooLong(), FixedLength(), who="proposer 'x'").step(["x"], [[1]], [1], max_draft=2)
+
+
+def test_batch_drafts_truncate_and_round_trip():
+    drafts = [Draft([1, 2, 3], None, [0.9, 0.5, 0.1]), Draft([], None, []), Draft([7], None, [0.3])]
+    b = BatchDrafts.from_drafts(drafts)
+    assert [d.tokens for d in b.drafts()] == [[1, 2, 3], [], [7]]
+    t = b.truncated(np.array([1, 0, 5]))
+    assert t.lists() == [[1], [], [7]] and t.confidence.tolist() == [0.9, 0.3]
+    with pytest.raises(ValueError, match="offsets"):
+        BatchDrafts(np.array([1, 2]), np.array([0, 3]))

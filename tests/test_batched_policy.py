@@ -1,0 +1,158 @@
+"""The vectorised allocator, estimators and adaptive policy against the per-candidate, per-request
+implementation they replace (tests/policy_reference.py)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from policy_reference import ReferenceAdaptive, ReferenceCalibrator, ReferenceHistory, reference_allocate
+from spec_plugins.core import Draft, DraftRequest
+from spec_plugins.policy.acceptance import ConfidenceCalibrator, HistoryEstimator, survival
+from spec_plugins.policy.adaptive import AdaptiveLength
+from spec_plugins.policy.allocator import allocate, allocate_batch
+from spec_plugins.policy.cost import step_cost
+from spec_plugins.policy.measured import MeasuredCost
+
+H200_PROFILE = Path(__file__).resolve().parents[1] / "benchmarks" / "profiles" / "h200-llama-3.1-8b-stack.json"
+
+
+class JaggedCost:
+    """Plain object with only the scalar StepCost methods: the allocator's element-wise fallback."""
+
+    overhead_s = 1e-4
+
+    def linear_time(self, rows):
+        return 4e-3 + 1e-3 * math.ceil(rows / 8)
+
+    def attention_time(self, draft_len, context_len):
+        return 1e-6 * context_len * math.ceil((1 + draft_len) * 4 / 16)
+
+    def draft_time(self, draft_lens):
+        return 2e-6 * sum(1 for d in draft_lens if d > 0)
+
+
+def costs():
+    yield "jagged", JaggedCost()
+    yield "roofline-h200", step_cost(hardware="h200", model="llama-3.1-8b")
+    yield "measured-h200", MeasuredCost(str(H200_PROFILE))
+
+
+def random_step(rng, batch, max_len):
+    lengths = rng.integers(0, max_len + 1, size=batch)
+    surv = [list(survival(rng.beta(2.0, 1.0, size=n) ** rng.uniform(0.2, 3))) for n in lengths]
+    if rng.random() < 0.3:  # ties: whole drafts certain
+        for s in surv[: batch // 3]:
+            s[:] = [1.0] * len(s)
+    context = rng.integers(0, 6000, size=batch).tolist()
+    return surv, context
+
+
+@pytest.mark.parametrize("name,cost", list(costs()), ids=lambda x: x if isinstance(x, str) else "")
+def test_vectorised_allocator_chooses_what_the_walk_chooses(name, cost):
+    rng = np.random.default_rng(7)
+    for trial in range(150):
+        batch = int(rng.choice([1, 2, 5, 16, 64, 256]))
+        surv, context = random_step(rng, batch, int(rng.choice([1, 4, 16])))
+        kwargs = {
+            "search": str(rng.choice(["global", "greedy"])),
+            "min_gain": float(rng.choice([0.0, 0.0, 0.01])),
+            "rate": None if rng.random() < 0.5 else float(rng.uniform(10, 5000)),
+            "budget": None if rng.random() < 0.7 else int(rng.integers(0, 3 * batch)),
+        }
+        if rng.random() < 0.3:
+            kwargs["drafted"] = [len(s) + int(rng.integers(0, 3)) for s in surv]
+        want = reference_allocate(surv, context, cost, **kwargs)
+        got = allocate(surv, context, cost, **kwargs)
+        assert got == want, (name, trial, kwargs)
+
+
+def test_allocate_batch_ignores_entries_past_each_draft():
+    cost = step_cost(hardware="h200", model="llama-3.1-8b")
+    surv = np.array([[0.9, 0.8, 0.7], [0.95, 0.99, 0.99]])  # row 1 rises after its length: unused
+    out = allocate_batch(surv, np.array([3, 1]), np.array([100, 100]), cost)
+    assert out.tolist() == reference_allocate([[0.9, 0.8, 0.7], [0.95]], [100, 100], cost)
+    with pytest.raises(ValueError, match="survival of request 1 increases"):
+        allocate_batch(surv, np.array([3, 3]), np.array([100, 100]), cost)
+
+
+def test_vectorised_costs_match_the_scalar_ones():
+    roof = step_cost(hardware="h200", model="llama-3.1-8b")
+    d = np.array([0, 1, 3, 7, 15, 31, 2, 0])
+    ctx = np.array([0, 1, 100, 2048, 8000, 1, 50000, 7])
+    assert roof.attention_times(d, ctx).tolist() == [roof.attention_time(int(a), int(b)) for a, b in zip(d, ctx)]
+    rows = np.array([0, 1, 5, 127, 128, 129, 4000])
+    assert roof.linear_times(rows).tolist() == [roof.linear_time(int(r)) for r in rows]
+    measured = MeasuredCost(str(H200_PROFILE))
+    for batch in (1, 3, 16, 100, 256, 400):
+        rows = np.arange(batch, batch * 18)
+        assert measured.batch_times(batch, rows).tolist() == [measured.batch_time(batch, int(r)) for r in rows]
+
+
+def test_history_and_calibrator_match_one_observation_at_a_time():
+    rng = np.random.default_rng(3)
+    hist, ref_hist = HistoryEstimator(16), ReferenceHistory(16)
+    cal, ref_cal = ConfidenceCalibrator(), ReferenceCalibrator()
+    ids = [f"r{i}" for i in range(40)]
+    for step in range(60):
+        chosen = list(rng.choice(ids, size=int(rng.integers(1, 20)), replace=False))
+        drafted = rng.integers(0, 17, size=len(chosen))
+        accepted = np.array([rng.integers(0, d + 1) for d in drafted])
+        hist.observe_batch(chosen, drafted, accepted)
+        for r, d, a in zip(chosen, drafted.tolist(), accepted.tolist()):
+            ref_hist.observe(r, d, a)
+        conf = rng.random((len(chosen), 16))
+        cal.observe_dense(conf, drafted, accepted)
+        for c, d, a in zip(conf, drafted.tolist(), accepted.tolist()):
+            if d:
+                ref_cal.observe(c[:d], a)
+        if step % 7 == 0:
+            ref_hist.finish(chosen[0])
+            hist.finish(chosen[0])
+        got = hist.conditional_batch(ids)
+        want = np.stack([ref_hist.conditional(r) for r in ids])
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+        probe = rng.random((5, 16))
+        np.testing.assert_allclose(cal.calibrate_dense(probe), np.stack([ref_cal.calibrate(p) for p in probe]),
+                                   rtol=1e-12)
+    np.testing.assert_allclose(cal.trials, ref_cal.trials, rtol=1e-12)
+
+
+@pytest.mark.parametrize("with_confidence", [True, False])
+def test_adaptive_policy_chooses_what_the_per_request_policy_chooses(with_confidence):
+    """Many steps of a batch of requests that come and go: same lengths at every step. Observations are
+    reported one request at a time to both (the per-request policy cannot batch them)."""
+    rng = np.random.default_rng(11 if with_confidence else 12)
+    cost = step_cost(hardware="h200", model="llama-3.1-8b")
+    new, old = AdaptiveLength(cost=cost), ReferenceAdaptive(cost=cost)
+    live: list[str] = []
+    next_id = 0
+    same = total = 0
+    for step in range(120):
+        while len(live) < 24 and rng.random() < 0.7:
+            live.append(f"req-{next_id}")
+            next_id += 1
+        if live and rng.random() < 0.1:
+            gone = live.pop(int(rng.integers(0, len(live))))
+            new.finish(gone)
+            old.finish(gone)
+        if not live:
+            continue
+        requests = [DraftRequest(r, [1] * int(rng.integers(1, 4000)), 1, 16) for r in live]
+        drafts = []
+        for _ in live:
+            n = int(rng.integers(0, 17))
+            conf = list(rng.beta(3, 1, size=n)) if with_confidence else None
+            drafts.append(Draft(list(range(n)), None, conf))
+        got, want = new.trim(requests, drafts), old.trim(requests, drafts)
+        same += sum(int(a == b) for a, b in zip(got, want))
+        total += len(got)
+        assert got == want, step
+        for r, n in zip(live, got):
+            a = int(rng.integers(0, n + 1))
+            new.observe(r, n, a)
+            old.observe(r, n, a)
+    assert total > 1000 and same == total
