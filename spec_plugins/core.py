@@ -78,15 +78,20 @@ class DraftBatch:
     features: Sequence[Any] | None = None
 
     def __post_init__(self) -> None:
+        # Checked with a handful of array operations: this is built once per engine step.
         n = len(self.req_ids)
+        cols = []
         for name in ("context_lens", "num_new", "max_draft"):
             col = np.asarray(getattr(self, name))
-            if col.shape != (n,):
-                raise ValueError(f"DraftBatch.{name}: expected {n} entries, got shape {col.shape}")
-            if n and (col.dtype.kind not in "iu" or col.min() < 0):
-                raise ValueError(f"DraftBatch.{name}: expected integers >= 0")
-            setattr(self, name, col.astype(np.int64, copy=False))
-        if n and np.any(self.num_new > self.context_lens):
+            if col.shape != (n,) or (n and col.dtype.kind not in "iu"):
+                raise ValueError(f"DraftBatch.{name}: expected {n} integers, got {col.dtype} of shape {col.shape}")
+            col = col.astype(np.int64, copy=False)
+            setattr(self, name, col)
+            cols.append(col)
+        if n and np.concatenate(cols).min() < 0:
+            name = next(c for c, col in zip(("context_lens", "num_new", "max_draft"), cols) if col.min() < 0)
+            raise ValueError(f"DraftBatch.{name}: expected integers >= 0")
+        if n and (self.num_new > self.context_lens).any():
             i = int(np.argmax(self.num_new > self.context_lens))
             raise ValueError(f"DraftBatch.num_new: row {i} has {self.num_new[i]} new tokens in a context of "
                              f"{self.context_lens[i]}")
@@ -94,8 +99,8 @@ class DraftBatch:
             self.rows = np.asarray(self.rows, dtype=np.int64)
             if self.rows.shape != (n,) or getattr(self.contexts, "ndim", 0) != 2:
                 raise ValueError("DraftBatch.rows: expected one row index per request into a 2-D token matrix")
-            if n and (self.rows.min() < 0 or self.rows.max() >= self.contexts.shape[0]
-                      or self.context_lens.max() > self.contexts.shape[1]):
+            rows, (height, width) = self.rows, self.contexts.shape
+            if n and not (0 <= rows.min() and rows.max() < height and self.context_lens.max() <= width):
                 raise ValueError("DraftBatch.rows: a row or a length falls outside the token matrix")
         elif len(self.contexts) != n:
             raise ValueError(f"DraftBatch.contexts: expected {n} sequences, got {len(self.contexts)}")
@@ -133,12 +138,15 @@ class BatchDrafts:
     offsets: np.ndarray
     confidence: np.ndarray | None = None
     probs: list[Any] | None = None
+    lengths: np.ndarray = field(init=False, repr=False)  # offsets[i + 1] - offsets[i]
 
     def __post_init__(self) -> None:
         self.tokens = np.asarray(self.tokens)
         self.offsets = np.asarray(self.offsets, dtype=np.int64)
-        if self.offsets.ndim != 1 or len(self.offsets) == 0 or self.offsets[0] != 0 \
-                or self.offsets[-1] != len(self.tokens) or np.any(np.diff(self.offsets) < 0):
+        o = self.offsets
+        self.lengths = o[1:] - o[:-1] if o.ndim == 1 and len(o) else o
+        if o.ndim != 1 or len(o) == 0 or o[0] != 0 or o[-1] != len(self.tokens) \
+                or (len(o) > 1 and self.lengths.min() < 0):
             raise ValueError("BatchDrafts.offsets: expected 0, non-decreasing, ending at len(tokens)")
         if self.confidence is not None:
             self.confidence = np.asarray(self.confidence, dtype=np.float64)
@@ -150,10 +158,6 @@ class BatchDrafts:
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
-
-    @property
-    def lengths(self) -> np.ndarray:
-        return np.diff(self.offsets)
 
     def lists(self) -> list[list[int]]:
         """Each request's draft as a list of Python ints (what vLLM and TensorRT-LLM take)."""

@@ -147,8 +147,10 @@ class DraftingLayer:
         ledger["seen_len"][slots] = lens
         self.touch(present)
         self.sweep()
-        caps = np.broadcast_to(np.asarray(max_draft, dtype=np.int64), (n,))
-        batch = DraftBatch(req_ids, contexts, lens, grown, np.maximum(caps, 0), rows=rows, features=features)
+        caps = np.asarray(max_draft, dtype=np.int64)
+        if caps.ndim == 0:  # one cap for all
+            caps = np.full(n, caps)
+        batch = DraftBatch(req_ids, contexts, lens, grown, caps, rows=rows, features=features)
         if n == 0:
             return BatchDrafts(np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64))
         batch.max_draft = self._caps(batch)
@@ -203,10 +205,9 @@ class DraftingLayer:
 
     def _observe(self, slots: np.ndarray, req_ids: Sequence[ReqId], accepted: np.ndarray) -> None:
         drafted = self._ledger["drafted"][slots]
-        due = (drafted > 0) & (accepted >= 0)
-        if not due.any():
+        idx = np.flatnonzero((drafted > 0) & (accepted >= 0))
+        if not len(idx):
             return
-        idx = np.flatnonzero(due)
         # A pad or a lucky token past the draft can "match": the proposer drafted only `drafted`.
         acc = np.minimum(accepted[idx], drafted[idx])
         ids = [req_ids[i] for i in idx.tolist()]

@@ -54,7 +54,7 @@ class RequestSlots:
     def lookup(self, req_ids: Sequence[Hashable], create: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """(slots, new): each id's slot (-1 for an unknown id when create=False) and which were created."""
         get = self._index.get
-        slots = np.fromiter((get(r, -1) for r in req_ids), dtype=np.int64, count=len(req_ids))
+        slots = np.array([get(r, -1) for r in req_ids], dtype=np.int64)
         new = slots < 0
         if create and new.any():
             for i in np.flatnonzero(new).tolist():

@@ -9,9 +9,10 @@ import pytest
 import yaml
 
 from spec_plugins.bench import policy_sim
+from spec_plugins.bench.host_time import DEFAULT as HOST_DEFAULT, HostTime
 from spec_plugins.cli import main as cli_main
 from spec_plugins.policy import planner
-from spec_plugins.policy.cost import RooflineCost
+from spec_plugins.policy.cost import DraftCost, RooflineCost
 from spec_plugins.traces import load_traces
 
 TRACE_FORMAT = "spec-plugins-replay-trace/1"
@@ -125,9 +126,11 @@ def test_simulator_policies_and_json(tmp_path):
     path = make_trace(tmp_path, max_draft=8)
     out = tmp_path / "sim.json"
     rc = policy_sim.main(["--hardware", "h200", "--model-config", "llama-3.1-8b", "--traces", str(path),
-                          "--batch-sizes", "1,16,64", "--steps", "40", "--json", str(out), "--png", str(tmp_path / "s.png")])
+                          "--batch-sizes", "1,16,64", "--steps", "40", "--json", str(out), "--png", str(tmp_path / "s.png"),
+                          "--host-time", "none"])
     assert rc == 0
     doc = json.loads(out.read_text())
+    assert doc["host_time"] is None
     assert doc["batch_sizes"] == [1, 16, 64]
     g = doc["goodput"]
     assert set(g) == {"adaptive", "hindsight", "schedule", *(f"static_{d}" for d in range(9))}
@@ -136,6 +139,30 @@ def test_simulator_policies_and_json(tmp_path):
         best_static = max(g[f"static_{d}"][i] for d in range(9))
         assert g["hindsight"][i] >= 0.99 * best_static  # drafting exactly what is accepted is hard to beat
         assert g["adaptive"][i] >= 0.9 * best_static
+
+
+def test_simulator_charges_measured_host_time(tmp_path, capsys):
+    path = make_trace(tmp_path, max_draft=8)
+    args = ["--hardware", "h200", "--model-config", "llama-3.1-8b", "--traces", str(path), "--batch-sizes", "1,64",
+            "--steps", "30"]
+    # The trace's proposer ("p") has no measured host time: one line saying so.
+    assert policy_sim.main(args) == 2
+    assert "no rows for 'p fixed'" in capsys.readouterr().err
+    doc = json.loads(path.read_text())
+    doc["proposer"] = "suffix_tree"
+    path.write_text(json.dumps(doc))
+    traces = load_traces([path])
+    cost = RooflineCost("h200", "llama-3.1-8b", drafter=DraftCost(kind="model_free", per_request_us=0.0))
+    host = HostTime.load(HOST_DEFAULT, "suffix_tree")
+    free = policy_sim.run(traces, cost, [1, 64], 8, 30, 0)["goodput"]
+    charged = policy_sim.run(traces, cost, [1, 64], 8, 30, 0, host=host)["goodput"]
+    for name in ("adaptive", "static_4", "hindsight"):
+        assert all(c < f for c, f in zip(charged[name], free[name]))
+    # The adaptive path's host time is its own (larger) one.
+    assert host.seconds("adaptive", 64) > host.seconds("fixed", 64) > 0
+    out = tmp_path / "sim.json"
+    assert policy_sim.main(args + ["--traces", str(path), "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["host_time"].endswith("cpu2-step-overhead.json")
 
 
 def test_simulator_empty_drafts_cost_nothing(tmp_path):

@@ -237,3 +237,12 @@ def test_vllm_ngram_matches_ngram(tmp_path, tok_dir, workload) -> None:
     ours = read_trace(tmp_path / "tiny" / "ngram.json")["requests"]
     theirs = read_trace(tmp_path / "tiny" / "vllm_ngram.json")["requests"]
     assert ours == theirs
+
+
+def test_batched_walk_drafts_what_propose_drafts(rows) -> None:
+    for name in ("suffix_tree", "ngram"):
+        single, batched = replay.make_proposer(name, {}), replay.make_proposer(name, {})
+        for row in rows[:4]:
+            a = replay.walk(single, row, 8)
+            b = replay.walk(batched, row, 8, batched=True)
+            assert (a.drafted, a.accepted, a.confidence) == (b.drafted, b.accepted, b.confidence)

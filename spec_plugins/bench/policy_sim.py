@@ -23,6 +23,12 @@ order. Goodput = emitted tokens / modelled seconds. Policies:
 
 Records are replayed as samples: a policy that keeps fewer tokens still moves on to the next record,
 so all policies see identical inputs (the approximation every trace-driven simulator makes).
+
+Host time: every step is also charged the measured host time of the drafting step at its batch size
+(`--host-time`, a `python -m spec_plugins.bench.step_overhead --json` measurement; by default the one in
+`benchmarks/host_time/`): the `fixed` path's for the static policies, the schedule and hindsight, the
+`adaptive` path's for the adaptive policy, for the traces' proposer. It replaces the cost model's own
+per-request drafting estimate (`--draft-us`), which then applies only with `--host-time none`.
 """
 
 from __future__ import annotations
@@ -102,8 +108,10 @@ def batch_schedule(requests: list[TraceRequest], batch: int, num_steps: int, see
     return steps
 
 
-def simulate(requests: list[TraceRequest], steps, cost, policies: dict[str, Any]) -> dict[str, float]:
-    """Goodput (tokens per modelled second) of each policy over the same steps."""
+def simulate(requests: list[TraceRequest], steps, cost, policies: dict[str, Any],
+             host: Any = None) -> dict[str, float]:
+    """Goodput (tokens per modelled second) of each policy over the same steps; `host` (a HostTime) adds
+    the drafting step's host time to every step."""
     tokens = {name: 0.0 for name in policies}
     seconds = {name: 0.0 for name in policies}
     for batch, ends in steps:
@@ -123,11 +131,30 @@ def simulate(requests: list[TraceRequest], steps, cost, policies: dict[str, Any]
                     pol.observe(key, int(n), int(min(a, n)))
             tokens[name] += float(np.sum(1 + np.minimum(accepted, keep)))
             seconds[name] += cost.step_time([int(x) for x in keep], context)
+            if host is not None:
+                seconds[name] += host.seconds("fixed" if callable(pol) else "adaptive", len(recs))
         for name, pol in policies.items():
             if not callable(pol):
                 for key in ends:
                     pol.finish(key)
     return {name: tokens[name] / seconds[name] for name in policies}
+
+
+def build_host_time(args, traces: list[dict]) -> Any:
+    """The HostTime to charge (None with --host-time none), for the traces' proposer."""
+    if args.host_time.strip().lower() == "none":
+        return None
+    from spec_plugins.bench.host_time import DEFAULT, HostTime
+
+    proposers = {t.get("proposer") for t in traces}
+    if len(proposers) != 1 or None in proposers:
+        raise ValueError(f"--host-time: the traces come from {sorted(map(str, proposers))}; charge one proposer's "
+                         "host time at a time, or pass --host-time none")
+    try:
+        return HostTime.load(DEFAULT if args.host_time == "default" else args.host_time, proposers.pop())
+    except ValueError as exc:
+        raise ValueError(f"--host-time: {exc} (measure it with python -m spec_plugins.bench.step_overhead --json, "
+                         "or pass --host-time none)") from None
 
 
 def build_cost(args) -> Any:
@@ -139,12 +166,14 @@ def build_cost(args) -> Any:
     from spec_plugins.policy.model import load_model_config
 
     model = load_model_config(args.model_config) if args.hardware else None
+    # Measured host time replaces the modelled per-request drafting cost.
+    draft_us = args.draft_us if args.host_time.strip().lower() == "none" else 0.0
     return step_cost(hardware=args.hardware, model=model, profile=args.profile, dtype=args.dtype,
-                     draft_us_per_request=args.draft_us)
+                     draft_us_per_request=draft_us)
 
 
 def run(traces: list[dict], cost, batch_sizes: list[int], max_draft: int, num_steps: int, seed: int,
-        progress=None) -> dict[str, Any]:
+        progress=None, host: Any = None) -> dict[str, Any]:
     from spec_plugins.policy.adaptive import AdaptiveLength
 
     requests = trace_requests(traces)
@@ -158,7 +187,7 @@ def run(traces: list[dict], cost, batch_sizes: list[int], max_draft: int, num_st
         policies["schedule"] = lambda dr, ac, d=d_sched: np.full(len(dr), d)
         policies["hindsight"] = lambda dr, ac: ac
         policies["adaptive"] = AdaptiveLength(cost=cost)
-        res = simulate(requests, steps, cost, policies)
+        res = simulate(requests, steps, cost, policies, host)
         for name, v in res.items():
             goodput.setdefault(name, []).append(v)
         if progress:
@@ -229,7 +258,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-config", help="the target's Hugging Face config.json")
     ap.add_argument("--profile", help="a measured step-time profile instead of --hardware")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp8"])
-    ap.add_argument("--draft-us", type=float, default=5.0, help="model-free drafting cost per request (µs)")
+    ap.add_argument("--draft-us", type=float, default=5.0,
+                    help="model-free drafting cost per request (µs), with --host-time none")
+    ap.add_argument("--host-time", default="default",
+                    help="step_overhead JSON whose measured host time per step is charged ('default': the one in "
+                         "benchmarks/host_time/; 'none': charge --draft-us instead)")
     ap.add_argument("--traces", required=True, help="comma-separated replay trace files")
     ap.add_argument("--batch-sizes", default="1,4,16,64,256")
     ap.add_argument("--steps", type=int, default=300, help="simulated engine steps per batch size")
@@ -241,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.progress import Progress
 
-    err = Console(stderr=True)
+    err = Console(stderr=True, soft_wrap=True)  # an error stays one line
     try:
         batch_sizes = [int(x) for x in args.batch_sizes.split(",") if x.strip()]
         if not batch_sizes or min(batch_sizes) < 1:
@@ -250,20 +283,24 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--steps: expected >= 1, got {args.steps}")
         traces = load_traces([p for p in args.traces.split(",") if p.strip()])
         cost = build_cost(args)
+        host = build_host_time(args, traces)
     except ValueError as exc:
         err.print(f"[red]error:[/red] {exc}")
         return 2
     max_draft = max(int(t["max_draft"]) for t in traces)
     with Progress(console=err, transient=True) as prog:
         task = prog.add_task("simulating", total=len(batch_sizes))
-        result = run(traces, cost, batch_sizes, max_draft, args.steps, args.seed, lambda b: prog.advance(task))
+        result = run(traces, cost, batch_sizes, max_draft, args.steps, args.seed, lambda b: prog.advance(task), host)
     summary = summarize(batch_sizes, result["goodput"], max_draft)
     Console(width=150).print(render(summary, f"modelled goodput, tokens/s ({', '.join(t.get('workload', '?') + '/' + t.get('proposer', '?') for t in traces)})"))
     Console().print(f"worst adaptive / best static: {summary['worst_adaptive_vs_best_static']:.3f}x; "
                     f"headroom captured (batches with >5% headroom {summary['batches_with_headroom_over_5pct']}): "
                     + ("-" if summary["mean_headroom_captured"] is None else f"{100 * summary['mean_headroom_captured']:.0f}%"))
+    Console().print("host time per step: " + (f"measured, {host.proposer} ({host.source})" if host is not None
+                                              else f"not measured; modelled as {args.draft_us} µs per drafting request"))
     if args.json:
         doc = {"format": FORMAT, "command": " ".join(sys.argv), "traces": args.traces.split(","),
+               "host_time": None if host is None else host.source,
                "batch_sizes": batch_sizes, "goodput": result["goodput"], "schedule_draft_lens": result["schedule"],
                "summary": summary}
         args.json.parent.mkdir(parents=True, exist_ok=True)

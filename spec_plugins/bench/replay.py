@@ -65,7 +65,7 @@ from typing import Any, Callable, Hashable, Iterable, Sequence
 
 import numpy as np
 
-from spec_plugins.core import DraftRequest, Proposer, check_drafts
+from spec_plugins.core import BatchProposer, DraftBatch, DraftRequest, Proposer, check_drafts
 from spec_plugins.traces import request_record, trace_document, write_trace
 
 RESULT_FORMAT = "spec-plugins-replay/1"
@@ -229,8 +229,12 @@ def accepted_prefix(draft: Sequence[int], truth: np.ndarray) -> int:
 
 
 def walk(proposer: Proposer, row: Row, max_draft: int, req_id: Hashable | None = None,
-         clock: Callable[[], int] = time.perf_counter_ns) -> Walk:
-    """Replay `row` through `proposer` as a greedy engine would (see the module docstring)."""
+         clock: Callable[[], int] = time.perf_counter_ns, batched: bool = False) -> Walk:
+    """Replay `row` through `proposer` as a greedy engine would (see the module docstring).
+
+    batched: draft through the proposer's batched serving path (`propose_batch`, one row a step) where
+    it has one, instead of `propose`; the drafts must be the same."""
+    batch_path = batched and isinstance(proposer, BatchProposer)
     req_id = row.id if req_id is None else req_id
     seq = np.concatenate([row.prompt, row.response]).astype(np.int32)
     p, n = len(row.prompt), len(row.response)
@@ -240,7 +244,11 @@ def walk(proposer: Proposer, row: Row, max_draft: int, req_id: Hashable | None =
         end = p + i
         req = DraftRequest(req_id, seq[:end], end - seen, max_draft)
         t0 = clock()
-        drafts = proposer.propose([req])
+        if batch_path:
+            drafts = proposer.propose_batch(DraftBatch([req_id], [req.tokens], np.array([end]),
+                                                       np.array([req.num_new]), np.array([max_draft]))).drafts()
+        else:
+            drafts = proposer.propose([req])
         out.propose_ns.append(clock() - t0)
         check_drafts([req], drafts)
         draft = drafts[0]
@@ -344,14 +352,14 @@ class WorkloadResult:
 
 def run_workload(name: str, file: str, rows: list[Row], proposers: list[str],
                  options: dict[str, dict[str, Any]], max_draft: int,
-                 advance: Callable[[], None] = lambda: None) -> WorkloadResult:
+                 advance: Callable[[], None] = lambda: None, batched: bool = False) -> WorkloadResult:
     instances = {p: make_proposer(p, options.get(p)) for p in proposers}
     walks: dict[str, list[Walk]] = {p: [] for p in proposers}
     wall = {p: 0.0 for p in proposers}
     for row in rows:
         for p, inst in instances.items():  # proposers take turns row by row
             t0 = time.perf_counter()
-            walks[p].append(walk(inst, row, max_draft))
+            walks[p].append(walk(inst, row, max_draft, batched=batched))
             wall[p] += time.perf_counter() - t0
             advance()
     updates: dict[str, tuple[int, int] | None] = {}
@@ -444,6 +452,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokenizer", help="Hugging Face tokenizer folder (default: SmolLM2-135M-Instruct)")
     ap.add_argument("--baseline", help="proposer the ratio columns divide by (default: arctic if listed, else the first)")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--batched", action="store_true",
+                    help="draft through each proposer's batched serving path (propose_batch) where it has one")
     args = ap.parse_args(argv)
 
     from rich.console import Console
@@ -493,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, f, rows in workloads:
             progress.update(task, description=f"replay {name}")
             results.append(run_workload(name, f, rows, names, options, args.max_draft,
-                                        lambda: progress.advance(task)))
+                                        lambda: progress.advance(task), batched=args.batched))
 
     report: dict[str, Any] = {
         "format": RESULT_FORMAT,

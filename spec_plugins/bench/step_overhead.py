@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import statistics
 import sys
 import sysconfig
@@ -38,6 +40,7 @@ import numpy as np
 PROFILE = Path(__file__).resolve().parents[2] / "benchmarks" / "profiles" / "h200-llama-3.1-8b-stack.json"
 MODEL_CONFIG = "llama-3.1-8b"
 MAX_MODEL_LEN = 8192
+FORMAT = "spec-plugins-step-overhead/1"
 
 
 def code_token_streams(count: int, min_tokens: int, progress: bool = True) -> list[np.ndarray]:
@@ -226,7 +229,11 @@ def main(argv: list[str] | None = None) -> None:
     rows = measure(batches, args.steps, args.warmup, args.k, args.seed, progress=sys.stderr.isatty())
     print_table(rows)
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+        doc = {"format": FORMAT, "command": "python -m spec_plugins.bench.step_overhead " + " ".join(argv or sys.argv[1:]),
+               "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores", "k": args.k,
+               "rows": rows}
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
 
 
 if __name__ == "__main__":

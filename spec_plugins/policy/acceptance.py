@@ -81,6 +81,7 @@ class HistoryEstimator:
         self.pooled_prior_weight = pooled_prior_weight
         self.requests = RequestSlots(trials=((max_positions,), np.float64, 0.0),
                                      successes=((max_positions,), np.float64, 0.0))
+        self._used = 0  # positions ever tried: the columns past it hold zeros, which decaying leaves as they are
 
     def observe(self, req_id: Hashable, drafted: int, accepted: int) -> None:
         self.observe_batch([req_id], np.array([drafted]), np.array([accepted]))
@@ -100,11 +101,12 @@ class HistoryEstimator:
         self.pooled_trials = decayed_sum(self.pooled_trials, tried, self.pooled_decay)
         self.pooled_successes = decayed_sum(self.pooled_successes, ok, self.pooled_decay)
         slots, _ = self.requests.lookup(req_ids)
+        self._used = used = max(self._used, w)
         for name, events in (("trials", tried), ("successes", ok)):
             col = self.requests[name]
-            rows = col[slots] * self.decay
+            rows = col[slots, :used] * self.decay
             rows[:, :w] += events
-            col[slots] = rows
+            col[slots, :used] = rows
 
     def pooled_rates(self) -> np.ndarray:
         return (self.pooled_successes + self.pooled_prior_weight * self.pooled_prior) / (

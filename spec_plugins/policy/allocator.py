@@ -176,7 +176,10 @@ def _verify_times(cost: StepCost, n: int, rows_of: np.ndarray, pos_of: np.ndarra
     attention = _attention_times(cost, np.zeros(n, dtype=np.int64), context_lens)
     ctx = context_lens[rows_of]
     # Admitting position j of request r moves its attention from 1 + j to 2 + j query rows.
-    delta = _attention_times(cost, pos_of + 1, ctx) - _attention_times(cost, pos_of, ctx)
+    if hasattr(cost, "attention_steps"):
+        delta = cost.attention_steps(pos_of, ctx)
+    else:
+        delta = _attention_times(cost, pos_of + 1, ctx) - _attention_times(cost, pos_of, ctx)
     totals = np.cumsum(np.concatenate(([float(sum(attention.tolist()))], delta)))
     return linear + totals
 

@@ -247,6 +247,18 @@ class RooflineCost(CostModel):
         t = m.layers * np.maximum(flops / self._attn_rate, kv / self._byte_rate)
         return np.where(length > 0, t, 0.0)
 
+    def attention_steps(self, draft_lens: np.ndarray, context_lens: np.ndarray) -> np.ndarray:
+        """attention_times(d + 1, L) - attention_times(d, L): one more draft row costs attention only when
+        it opens another query tile (the difference is exactly 0.0 otherwise), so only those are computed."""
+        d = np.asarray(draft_lens, dtype=np.int64)
+        g, rows = self.model.group_size, self.hardware.attention_tile_rows
+        opens = -(-g * (2 + d) // rows) != -(-g * (1 + d) // rows)
+        out = np.zeros(len(d))
+        if opens.any():
+            length = np.asarray(context_lens, dtype=np.int64)[opens]
+            out[opens] = self.attention_times(d[opens] + 1, length) - self.attention_times(d[opens], length)
+        return out
+
     # -- drafting --------------------------------------------------------------------------------
 
     def _draft_forward(self, rows: int) -> float:
