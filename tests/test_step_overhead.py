@@ -11,6 +11,9 @@ from spec_plugins.bench.host_time import HostTime
 
 
 @pytest.mark.smollm2
+# vLLM's own n-gram kernel (numba) and its imports warn about their own deprecations.
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_step_overhead_measures_every_proposer_and_writes_host_time(tmp_path, capsys):
     out = tmp_path / "so.json"
     step_overhead.main(["--batches", "1,3", "--steps", "2", "--warmup", "1", "--k", "4", "--json", str(out)])
