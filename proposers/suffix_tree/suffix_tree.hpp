@@ -78,6 +78,10 @@ class ChildMap {
 
   void assign(i32 parent, i32 tok, i32 child) { slots_[locate(key(parent, tok))].val = child; }
 
+  // Starts loading the slot where (parent, tok) would be: the caller probes it soon, and trees of many
+  // requests together do not fit in cache.
+  void prefetch(i32 parent, i32 tok) const { __builtin_prefetch(&slots_[home(key(parent, tok))]); }
+
   void erase(i32 parent, i32 tok) {
     size_t i = locate(key(parent, tok));
     slots_[i].key = kEmpty;
@@ -410,10 +414,19 @@ class Tree {
     // another sequence was appended since (it may have repeated one of them: in-flight caching).
     const i32 lo = std::max(last_writer_ == T ? S.active : 0, n + 1 - D_);
     last_writer_ = T;
+    for (i32 j = lo; j <= std::min(lo + 1, n); ++j) {
+      __builtin_prefetch(&nodes_[S.endp[j]]);
+      kids_.prefetch(S.endp[j], t);
+    }
     S.rep_len = 0;
     // Longest first: each suffix sees the tree with all longer suffixes already extended.
     for (i32 j = lo; j <= n; ++j) {
       const i32 u = seqs_[T].endp[j];
+      if (j + 2 <= n) {  // a later suffix's node and child slot, while this one is extended
+        const i32 ahead = seqs_[T].endp[j + 2];
+        __builtin_prefetch(&nodes_[ahead]);
+        kids_.prefetch(ahead, t);
+      }
       if (j < n && nodes_[u].depth == kOpen) continue;
       if (seqs_[T].rep_len == 0) {
         // The first suffix that continues into an existing child is the longest repeated tail;
