@@ -156,3 +156,24 @@ def test_adaptive_policy_chooses_what_the_per_request_policy_chooses(with_confid
             new.observe(r, n, a)
             old.observe(r, n, a)
     assert total > 1000 and same == total
+
+
+def test_compiled_walk_equals_the_numpy_walk():
+    from spec_plugins.policy import allocator
+
+    assert allocator._walk is not None, "spec_plugins.policy._walk is not built"
+    rng = np.random.default_rng(5)
+    for name, cost in list(costs())[1:]:  # the two cost models that expose their curves
+        for trial in range(200):
+            batch = int(rng.choice([1, 3, 16, 256]))
+            surv, context = random_step(rng, batch, int(rng.choice([4, 16, 40])))
+            lengths = np.array([len(s) for s in surv])
+            dense = np.zeros((batch, max(1, int(lengths.max()))))
+            for r, s in enumerate(surv):
+                dense[r, : len(s)] = s
+            kwargs = {"search": str(rng.choice(["global", "greedy"])), "min_gain": float(rng.choice([0.0, 0.02])),
+                      "rate": None if rng.random() < 0.5 else float(rng.uniform(10, 5000)),
+                      "budget": None if rng.random() < 0.7 else int(rng.integers(0, 3 * batch))}
+            args = (dense, lengths, np.array(context), cost)
+            assert np.array_equal(allocate_batch(*args, **kwargs), allocate_batch(*args, **kwargs, compiled=False)), \
+                (name, trial, kwargs)

@@ -25,6 +25,11 @@ from typing import Literal, Protocol, Sequence
 
 import numpy as np
 
+try:  # built with the package (setup.py); without it the same walk runs in numpy
+    from spec_plugins.policy import _walk
+except ImportError:  # pragma: no cover - only without a build
+    _walk = None
+
 
 class StepCost(Protocol):
     """What the allocator costs a step with. A cost model may also have `batch_time(batch, rows)`, the
@@ -101,12 +106,15 @@ def allocate_batch(
     min_gain: float = 0.0,
     rate: float | None = None,
     budget: int | None = None,
+    compiled: bool = True,
 ) -> np.ndarray:
     """`allocate` on a whole step at once: survival[r, :lengths[r]] is request r's prefix survival
     (entries past its length are ignored). The ranking is one lexsort, tokens and step times along it
     are cumulative sums over the cost curves (cached per batch size by the cost models), and the
     search picks its stop on the whole array: the same lengths as walking the ranking one candidate
-    at a time (tests/test_batched_policy.py checks this against that walk)."""
+    at a time (tests/test_batched_policy.py checks this against that walk). With a cost model that
+    exposes its curves (`batch_curve`, or `linear_curve` + `attention_params`) the walk runs compiled
+    (`compiled=False` forces the numpy path; both give the same lengths)."""
     if budget is not None and budget < 0:
         raise ValueError(f"allocate.budget: expected >= 0, got {budget}")
     if search not in ("global", "greedy"):
@@ -129,6 +137,11 @@ def allocate_batch(
             raise ValueError(f"allocate: survival of request {r} increases along the draft; expected prefix survival")
     offered = lengths if drafted is None else np.asarray(drafted, dtype=np.int64)
     sunk = cost.overhead_s + cost.draft_time(offered)
+    curves = _compiled_curves(cost, n, n + int(lengths.sum()) + 1, context_lens) if compiled else None
+    if curves is not None:  # the same walk in one compiled call (policy/_walk.cpp)
+        curve, attention = curves
+        return _walk.walk(survival, lengths, sunk, search == "greedy", min_gain, rate,
+                          -1 if budget is None else budget, curve, attention)
 
     # Candidates ranked by survival; ties broken by request, then position (prefix order, deterministic).
     rows_of, pos_of = np.nonzero(valid & (survival > 0.0))  # in (request, position) order
@@ -157,6 +170,17 @@ def allocate_batch(
             best_k += 1 + int(ahead[0])
     # The admitted candidates of a request are its first positions, so counting them is its length.
     return np.bincount(rows_of[:best_k], minlength=n).astype(np.int64)
+
+
+def _compiled_curves(cost: StepCost, n: int, size: int, context_lens: np.ndarray) -> tuple | None:
+    """(verify curve by rows, attention parameters or None) for the compiled walk, or None to walk in numpy."""
+    if _walk is None:
+        return None
+    if hasattr(cost, "batch_time"):
+        return (cost.batch_curve(n, size), None) if hasattr(cost, "batch_curve") else None
+    if hasattr(cost, "linear_curve") and hasattr(cost, "attention_params"):
+        return cost.linear_curve(size), (*cost.attention_params(), np.asarray(context_lens, dtype=np.int64))
+    return None
 
 
 def _verify_times(cost: StepCost, n: int, rows_of: np.ndarray, pos_of: np.ndarray,

@@ -211,13 +211,23 @@ class RooflineCost(CostModel):
             return np.zeros(0)
         if rows.min() < 0:
             raise ValueError(f"linear_time.rows: expected >= 0, got {int(rows.min())}")
-        top = int(rows.max())
+        return self.linear_curve(int(rows.max()) + 1)[rows]
+
+    def linear_curve(self, size: int) -> np.ndarray:
+        """linear_time(0), linear_time(1), ...: at least `size` entries, computed once and kept."""
         have = len(self._linear_curve)
-        if top >= have:
-            grown = max(top + 1, 2 * have, 256)
+        if size > have:
+            grown = max(size, 2 * have, 256)
             extra = np.array([self.linear_time(r) for r in range(have, grown)])
             self._linear_curve = np.concatenate([self._linear_curve, extra])
-        return self._linear_curve[rows]
+        return self._linear_curve
+
+    def attention_params(self) -> tuple:
+        """What attention_time reads, for the allocator's compiled walk (policy/_walk.cpp), which applies the
+        same formula: (layers, kv_heads, head_dim, KV bytes, attention rate, byte rate, G, tile rows)."""
+        m, hw = self.model, self.hardware
+        return (float(m.layers), float(m.kv_heads), float(m.head_dim), float(self._kvbytes), float(self._attn_rate),
+                float(self._byte_rate), int(m.group_size), int(hw.attention_tile_rows))
 
     # -- attention -------------------------------------------------------------------------------
 

@@ -249,12 +249,15 @@ class MeasuredCost:
         rows = np.asarray(rows, dtype=np.int64)
         if rows.size == 0:
             return np.zeros(0)
+        return self.batch_curve(batch, int(rows.max()) + 1)[rows]
+
+    def batch_curve(self, batch: int, size: int) -> np.ndarray:
+        """batch_time(batch, 0), batch_time(batch, 1), ...: at least `size` entries, kept per batch size."""
         curve = self._curves.get(batch)
-        top = int(rows.max())
-        if curve is None or top >= len(curve):
-            size = max(top + 1, 2 * (0 if curve is None else len(curve)), 17 * batch + 1)
+        if curve is None or size > len(curve):
+            size = max(size, 2 * (0 if curve is None else len(curve)), 17 * batch + 1)
             curve = self._curves[batch] = self._batch_curve(batch, np.arange(size, dtype=np.float64))
-        return curve[rows]
+        return curve
 
     def _batch_curve(self, batch: int, rows: np.ndarray) -> np.ndarray:
         """batch_time on an array of rows: the same operations as batch_time, element by element."""
