@@ -20,6 +20,12 @@ setup(
             extra_compile_args=["-O3"],
         ),
         Pybind11Extension(
+            "spec_plugins.policy._observe",
+            ["spec_plugins/policy/_observe.cpp"],
+            cxx_std=17,
+            extra_compile_args=["-O3"],
+        ),
+        Pybind11Extension(
             "spec_plugins.proposers.ngram._core",
             ["proposers/ngram/_core.cpp"],
             depends=["proposers/worker_pool.hpp"],

@@ -92,7 +92,20 @@ def test_vectorised_costs_match_the_scalar_ones():
         assert measured.batch_times(batch, rows).tolist() == [measured.batch_time(batch, int(r)) for r in rows]
 
 
-def test_history_and_calibrator_match_one_observation_at_a_time():
+@pytest.fixture(params=["compiled", "numpy"])
+def observe_path(request, monkeypatch):
+    """Both ways the estimators learn: the compiled updates (policy/_observe.cpp) and the numpy ones."""
+    from spec_plugins.policy import acceptance, adaptive
+
+    if request.param == "compiled":
+        assert acceptance._observe is not None, "spec_plugins.policy._observe is not built"
+    else:
+        monkeypatch.setattr(acceptance, "_observe", None)
+        monkeypatch.setattr(adaptive, "_observe", None)
+    return request.param
+
+
+def test_history_and_calibrator_match_one_observation_at_a_time(observe_path):
     rng = np.random.default_rng(3)
     hist, ref_hist = HistoryEstimator(16), ReferenceHistory(16)
     cal, ref_cal = ConfidenceCalibrator(), ReferenceCalibrator()
@@ -122,7 +135,7 @@ def test_history_and_calibrator_match_one_observation_at_a_time():
 
 
 @pytest.mark.parametrize("with_confidence", [True, False])
-def test_adaptive_policy_chooses_what_the_per_request_policy_chooses(with_confidence):
+def test_adaptive_policy_chooses_what_the_per_request_policy_chooses(with_confidence, observe_path):
     """Many steps of a batch of requests that come and go: same lengths at every step. Observations are
     reported one request at a time to both (the per-request policy cannot batch them)."""
     rng = np.random.default_rng(11 if with_confidence else 12)

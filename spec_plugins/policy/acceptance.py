@@ -25,6 +25,11 @@ import numpy as np
 
 from spec_plugins.slots import RequestSlots
 
+try:  # built with the package (setup.py): the observation updates one at a time, in one call
+    from spec_plugins.policy import _observe
+except ImportError:  # pragma: no cover - only without a build: the closed-form numpy updates
+    _observe = None
+
 
 def conditional_outcomes(drafted: int, accepted: int) -> tuple[int, int]:
     """(positions tried, positions accepted) of one verified draft."""
@@ -95,6 +100,14 @@ class HistoryEstimator:
         if not keep.all():
             req_ids = [r for r, k in zip(req_ids, keep.tolist()) if k]
             drafted, accepted = drafted[keep], np.asarray(accepted)[keep]
+        if _observe is not None:
+            accepted = np.asarray(accepted, dtype=np.int64)
+            outcome_masks(drafted, accepted, 0)  # one-line error for a bad outcome, before any change
+            slots, _ = self.requests.lookup(req_ids)
+            _observe.history_observe(self.pooled_trials, self.pooled_successes, self.requests["trials"],
+                                     self.requests["successes"], slots, drafted, accepted, self.decay,
+                                     self.pooled_decay)
+            return
         # Only the first max(drafted) positions were tried; the rest only decay.
         w = min(int(drafted.max()), self.max_positions)
         tried, ok = outcome_masks(drafted, accepted, w)

@@ -27,7 +27,7 @@ import numpy as np
 import pydantic
 
 from spec_plugins.core import BatchDrafts, Draft, DraftBatch, DraftRequest
-from spec_plugins.policy.acceptance import ConfidenceCalibrator, HistoryEstimator
+from spec_plugins.policy.acceptance import ConfidenceCalibrator, HistoryEstimator, _observe
 from spec_plugins.policy.allocator import StepCost, allocate_batch
 from spec_plugins.policy.cost import step_cost
 from spec_plugins.slots import RequestSlots
@@ -172,11 +172,16 @@ class AdaptiveLength:
         idx = slots[due]
         d_due, a_due = drafted[due], accepted[due]
         conf = self.requests["kept"][idx, : int(d_due.max())]
+        h = self.options.history_decay
+        if _observe is not None:  # one observation at a time, in order, in one call
+            cal = self.calibrator
+            _observe.calibrated_observe(cal.trials, cal.successes, cal.prior_weight, cal.decay, conf, d_due, a_due,
+                                        self.requests["fit_ok"], self.requests["fit_predicted"], idx, h)
+            return
         # Predicted accepted tokens of each verified draft: calibrated confidences of the positions tried.
         tried = np.minimum(a_due + 1, d_due)
         calibrated = self.calibrator.calibrate_dense(conf)
         predicted = np.sum(np.where(np.arange(conf.shape[1])[None, :] < tried[:, None], calibrated, 0.0), axis=1)
-        h = self.options.history_decay
         self.requests["fit_ok"][idx] = h * self.requests["fit_ok"][idx] + a_due
         self.requests["fit_predicted"][idx] = h * self.requests["fit_predicted"][idx] + predicted
         self.calibrator.observe_dense(conf, d_due, a_due)
