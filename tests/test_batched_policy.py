@@ -94,14 +94,16 @@ def test_vectorised_costs_match_the_scalar_ones():
 
 @pytest.fixture(params=["compiled", "numpy"])
 def observe_path(request, monkeypatch):
-    """Both ways the estimators learn: the compiled updates (policy/_observe.cpp) and the numpy ones."""
-    from spec_plugins.policy import acceptance, adaptive
+    """Both ways the policy runs: compiled (policy/_observe.cpp updates, policy/_walk.cpp survival and walk)
+    and numpy only."""
+    from spec_plugins.policy import acceptance, adaptive, allocator
 
     if request.param == "compiled":
-        assert acceptance._observe is not None, "spec_plugins.policy._observe is not built"
+        assert acceptance._observe is not None and allocator._walk is not None, "the policy's C++ is not built"
     else:
-        monkeypatch.setattr(acceptance, "_observe", None)
-        monkeypatch.setattr(adaptive, "_observe", None)
+        for module, name in ((acceptance, "_observe"), (adaptive, "_observe"), (adaptive, "_walk"),
+                             (allocator, "_walk")):
+            monkeypatch.setattr(module, name, None)
     return request.param
 
 

@@ -144,10 +144,62 @@ i64 walk(f64 survival, i64 lengths_in, double sunk, bool greedy, double min_gain
   return out;
 }
 
+// The walk's input from drafts with confidences (AdaptiveLength._survival): each request's first
+// usable[r] confidences as a dense [n, width] matrix, calibrated (histogram cells by position bucket and
+// bin), scaled by the request's correction and clipped, then multiplied along the draft. Returns
+// (survival, raw confidences), both zero past each request's usable length.
+py::tuple calibrated_survival(f64 flat, i64 offsets, i64 usable, py::ssize_t width, f64 cal_trials,
+                              f64 cal_successes, double prior_weight, py::object correction_obj) {
+  const py::ssize_t n = usable.size();
+  if (offsets.size() != n + 1) throw py::value_error("survival: one offset per draft, plus one");
+  if (cal_trials.ndim() != 2 || cal_trials.shape(0) != 5 || cal_successes.size() != cal_trials.size())
+    throw py::value_error("survival: calibrator tables must be [5, bins]");
+  const py::ssize_t bins = cal_trials.shape(1);
+  const double* ct = cal_trials.data();
+  const double* cs = cal_successes.data();
+  const double* x = flat.data();
+  const std::int64_t* o = offsets.data();
+  const std::int64_t* u = usable.data();
+  f64 correction;
+  const bool corrected = !correction_obj.is_none();
+  if (corrected) {
+    correction = correction_obj.cast<f64>();
+    if (correction.size() != n) throw py::value_error("survival: one correction per draft");
+  }
+  f64 surv({n, width}), conf({n, width});
+  double* sv = surv.mutable_data();
+  double* cf = conf.mutable_data();
+  std::fill(sv, sv + n * width, 0.0);
+  std::fill(cf, cf + n * width, 0.0);
+  for (py::ssize_t r = 0; r < n; ++r) {
+    if (u[r] < 0 || u[r] > width || o[r] + u[r] > flat.size()) throw py::value_error("survival: a draft outside its confidences");
+    double prod = 1.0;
+    for (std::int64_t j = 0; j < u[r]; ++j) {
+      const double raw = x[o[r] + j];
+      cf[r * width + j] = raw;
+      const double c = std::min(1.0, std::max(0.0, raw));
+      int bucket = 0;
+      if (j > 0) {
+        bucket = 1;
+        while (bucket < 4 && (std::int64_t(1) << bucket) <= j) ++bucket;
+      }
+      const std::int64_t cell = bucket * bins + std::min<std::int64_t>(std::int64_t(c * double(bins)), bins - 1);
+      double cond = (cs[cell] + prior_weight * c) / (ct[cell] + prior_weight);
+      if (corrected) cond = std::min(1.0, std::max(0.0, cond * correction.data()[r]));
+      prod *= std::min(1.0, std::max(0.0, cond));
+      sv[r * width + j] = prod;
+    }
+  }
+  return py::make_tuple(surv, conf);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_walk, m) {
-  m.doc() = "The adaptive allocator's ranking walk for one step (see allocator.py).";
+  m.doc() = "The adaptive allocator's ranking walk for one step, and its survival input (see allocator.py).";
+  m.def("calibrated_survival", &calibrated_survival, py::arg("flat"), py::arg("offsets"), py::arg("usable"),
+        py::arg("width"), py::arg("cal_trials"), py::arg("cal_successes"), py::arg("prior_weight"),
+        py::arg("correction"));
   m.def("walk", &walk, py::arg("survival"), py::arg("lengths"), py::arg("sunk"), py::arg("greedy"),
         py::arg("min_gain"), py::arg("rate"), py::arg("budget"), py::arg("curve"), py::arg("attention"));
 }

@@ -28,7 +28,7 @@ import pydantic
 
 from spec_plugins.core import BatchDrafts, Draft, DraftBatch, DraftRequest
 from spec_plugins.policy.acceptance import ConfidenceCalibrator, HistoryEstimator, _observe
-from spec_plugins.policy.allocator import StepCost, allocate_batch
+from spec_plugins.policy.allocator import StepCost, _walk, allocate_batch
 from spec_plugins.policy.cost import step_cost
 from spec_plugins.slots import RequestSlots
 
@@ -142,6 +142,12 @@ class AdaptiveLength:
         width = int(usable.max()) if len(usable) else 0
         conf = None
         if self.options.confidence != "off" and drafts.confidence is not None:
+            if _walk is not None:  # calibration, correction and products along each draft in one call
+                cal = self.calibrator
+                correction = self._correction(slots) if self.options.request_correction > 0 else None
+                surv, conf = _walk.calibrated_survival(drafts.confidence, drafts.offsets, usable, width, cal.trials,
+                                                       cal.successes, cal.prior_weight, correction)
+                return surv, usable, conf
             conf = _dense(drafts.confidence, drafts.offsets, usable, width)
             cond = self.calibrator.calibrate_dense(conf)
             if self.options.request_correction > 0:
