@@ -26,8 +26,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from spec_plugins.core import (
-    BatchDrafts, BatchPolicy, BatchProposer, BindsModel, DraftBatch, DraftLengthPolicy, HasStats, LoadsTarget,
-    Proposer, ReqId, TrimsDrafts, check_cap,
+    BatchDrafts, BatchPolicy, BatchProposer, BindsModel, DraftBatch, DraftLengthPolicy, DraftRequest, HasStats,
+    LoadsTarget, Proposer, ReqId, TrimsDrafts, apply_policy, check_cap, check_drafts,
 )
 from spec_plugins.slots import RequestSlots
 
@@ -153,10 +153,11 @@ class DraftingLayer:
         batch = DraftBatch(req_ids, contexts, lens, grown, caps, rows=rows, features=features)
         if n == 0:
             return BatchDrafts(np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64))
-        batch.max_draft = self._caps(batch)
-        drafts = self._propose(batch)
-        self._check(batch, drafts)
-        drafts = self._trim(batch, drafts)
+        # The per-request view is built at most once a step, after the caps: proposers and policies
+        # without a batched path all see the same DraftRequests.
+        requests = self._caps(batch)
+        drafts = self._propose(batch, requests)
+        drafts = self._trim(batch, drafts, requests)
         ledger["drafted"][slots] = drafts.lengths
         return drafts
 
@@ -218,37 +219,27 @@ class DraftingLayer:
                 self.policy.observe(r, d, a)
         self._ledger["drafted"][slots[idx]] = 0
 
-    def _caps(self, batch: DraftBatch) -> np.ndarray:
-        if self._batch_policy:
-            caps = np.asarray(self.policy.caps_batch(batch))
-            if caps.shape != (len(batch),) or (caps.size and (caps.dtype.kind not in "iu" or caps.min() < 0)):
-                raise ValueError(f"policy: caps_batch must return {len(batch)} integers >= 0")
-        else:
-            given = self.policy.caps(batch.requests())
-            if len(given) != len(batch):
-                raise ValueError(f"policy: returned {len(given)} caps for {len(batch)} requests")
-            caps = np.array([check_cap(c, f"policy cap for request {r!r}", allow_zero=True)
-                             for r, c in zip(batch.req_ids, given)], dtype=np.int64)
-        return np.minimum(batch.max_draft, caps.astype(np.int64, copy=False))
+    def _caps(self, batch: DraftBatch) -> list[DraftRequest] | None:
+        """Lower batch.max_draft to the policy's caps; returns the DraftRequests if they were built."""
+        if not self._batch_policy:
+            requests = apply_policy(self.policy, batch.requests())
+            batch.max_draft = np.fromiter((r.max_draft for r in requests), dtype=np.int64, count=len(requests))
+            return requests
+        caps = np.asarray(self.policy.caps_batch(batch))
+        if caps.shape != (len(batch),) or (caps.size and (caps.dtype.kind not in "iu" or caps.min() < 0)):
+            raise ValueError(f"policy: caps_batch must return {len(batch)} integers >= 0")
+        batch.max_draft = np.minimum(batch.max_draft, caps.astype(np.int64, copy=False))
+        return None
 
-    def _propose(self, batch: DraftBatch) -> BatchDrafts:
-        if self._batch_proposer:
-            drafts = self.proposer.propose_batch(batch)
-            if not isinstance(drafts, BatchDrafts):
-                raise ValueError(f"{self.who}: propose_batch returned {type(drafts).__name__}, expected BatchDrafts")
-            return drafts
-        drafts = self.proposer.propose(batch.requests())
-        if len(drafts) != len(batch):
-            raise ValueError(f"{self.who}: returned {len(drafts)} drafts for {len(batch)} requests")
-        for d in drafts:
-            n = len(d.tokens)
-            if d.probs is not None and len(d.probs) != n:
-                raise ValueError(f"{self.who}: a draft has {len(d.probs)} prob rows for {n} tokens")
-            if d.confidence is not None and len(d.confidence) != n:
-                raise ValueError(f"{self.who}: a draft has {len(d.confidence)} confidences for {n} tokens")
-        return BatchDrafts.from_drafts(drafts)
-
-    def _check(self, batch: DraftBatch, drafts: BatchDrafts) -> None:
+    def _propose(self, batch: DraftBatch, requests: list[DraftRequest] | None) -> BatchDrafts:
+        if not self._batch_proposer:
+            requests = batch.requests() if requests is None else requests
+            drafts = self.proposer.propose(requests)
+            check_drafts(requests, drafts, who=self.who)
+            return BatchDrafts.from_drafts(drafts)
+        drafts = self.proposer.propose_batch(batch)
+        if not isinstance(drafts, BatchDrafts):
+            raise ValueError(f"{self.who}: propose_batch returned {type(drafts).__name__}, expected BatchDrafts")
         if len(drafts) != len(batch):
             raise ValueError(f"{self.who}: returned {len(drafts)} drafts for {len(batch)} requests")
         over = drafts.lengths > batch.max_draft
@@ -256,12 +247,13 @@ class DraftingLayer:
             i = int(np.argmax(over))
             raise ValueError(f"{self.who}: draft for request {batch.req_ids[i]!r} has {drafts.lengths[i]} tokens, "
                              f"cap is {batch.max_draft[i]}")
+        return drafts
 
-    def _trim(self, batch: DraftBatch, drafts: BatchDrafts) -> BatchDrafts:
+    def _trim(self, batch: DraftBatch, drafts: BatchDrafts, requests: list[DraftRequest] | None) -> BatchDrafts:
         if self._batch_policy:
             keep = self.policy.trim_batch(batch, drafts)
         elif isinstance(self.policy, TrimsDrafts):
-            keep = self.policy.trim(batch.requests(), drafts.drafts())
+            keep = self.policy.trim(batch.requests() if requests is None else requests, drafts.drafts())
         else:
             return drafts
         if keep is None:

@@ -28,6 +28,7 @@ class RequestSlots:
         self._ids: list[Hashable | None] = []  # slot -> id (None: free)
         self._free: list[int] = []
         self._cols = {name: np.full((0, *tail), fill, dtype=dtype) for name, (tail, dtype, fill) in columns.items()}
+        self._rows = 0  # rows allocated in every column (>= capacity)
 
     def __len__(self) -> int:
         return len(self._index)
@@ -44,9 +45,6 @@ class RequestSlots:
     @property
     def capacity(self) -> int:
         return len(self._ids)
-
-    def slot(self, req_id: Hashable) -> int | None:
-        return self._index.get(req_id)
 
     def id_at(self, slot: int) -> Hashable | None:
         return self._ids[slot]
@@ -86,10 +84,11 @@ class RequestSlots:
         else:
             slot = len(self._ids)
             self._ids.append(None)
-            if slot >= len(next(iter(self._cols.values()), ())) and self._cols:
+            if slot >= self._rows:
                 grow = max(64, slot)
                 for name, (tail, dtype, fill) in self._spec.items():
                     self._cols[name] = np.concatenate([self._cols[name], np.full((grow, *tail), fill, dtype=dtype)])
+                self._rows += grow
         self._ids[slot] = req_id
         self._index[req_id] = slot
         for name, (_, _, fill) in self._spec.items():

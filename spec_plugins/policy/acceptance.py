@@ -2,8 +2,9 @@
 
 Two sources, both learnt online from what verification accepted:
 
-Both take a whole step at once (`observe_batch`/`observe_dense`, `conditional_batch`/`calibrate_dense`):
-one step's observations are applied together, each decayed by the ones after it, as if one at a time.
+Both take a whole step at once (`observe_batch`/`observe_dense`, `conditional_batch`/`calibrate_dense`).
+The compiled updates (`_observe.cpp`) apply a step's observations one at a time, in order; without the
+build, closed-form decay-weighted sums give the same counts up to rounding.
 
 * `HistoryEstimator` -- counts per draft position, per request, shrunk towards the pooled counts of
   all requests (a Beta prior whose mean is the pooled rate). Old steps fade (`decay`), so a request
@@ -38,15 +39,20 @@ def conditional_outcomes(drafted: int, accepted: int) -> tuple[int, int]:
     return min(accepted + 1, drafted), accepted
 
 
+def check_outcomes(drafted: np.ndarray, accepted: np.ndarray) -> None:
+    """`conditional_outcomes`' one-line error for the first verified draft with accepted outside [0, drafted]."""
+    bad = (accepted < 0) | (accepted > drafted)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        conditional_outcomes(int(drafted[i]), int(accepted[i]))
+
+
 def outcome_masks(drafted: np.ndarray, accepted: np.ndarray, positions: int) -> tuple[np.ndarray, np.ndarray]:
     """(tried, succeeded) as [m, positions] 0/1 matrices for m verified drafts (checked like
     `conditional_outcomes`)."""
     drafted = np.asarray(drafted, dtype=np.int64)
     accepted = np.asarray(accepted, dtype=np.int64)
-    bad = (accepted < 0) | (accepted > drafted)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        conditional_outcomes(int(drafted[i]), int(accepted[i]))  # raises the one-line error
+    check_outcomes(drafted, accepted)
     tried = np.minimum(accepted + 1, drafted)
     j = np.arange(positions)[None, :]
     return (j < tried[:, None]).astype(np.float64), (j < accepted[:, None]).astype(np.float64)
@@ -102,7 +108,7 @@ class HistoryEstimator:
             drafted, accepted = drafted[keep], np.asarray(accepted)[keep]
         if _observe is not None:
             accepted = np.asarray(accepted, dtype=np.int64)
-            outcome_masks(drafted, accepted, 0)  # one-line error for a bad outcome, before any change
+            check_outcomes(drafted, accepted)  # before any state changes
             slots, _ = self.requests.lookup(req_ids)
             _observe.history_observe(self.pooled_trials, self.pooled_successes, self.requests["trials"],
                                      self.requests["successes"], slots, drafted, accepted, self.decay,
