@@ -266,3 +266,38 @@ class DraftingLayer:
         elif keep.size and keep.min() < 0:
             raise ValueError("policy: a trim length must be an integer >= 0")
         return drafts.truncated(keep)
+
+
+class EngineDrafts:
+    """The proposer of a step whose drafts the engine's own draft model already made (vLLM's `dflash`
+    method drafting a DSpark checkpoint): the layer then applies only the policy -- caps, trims and the
+    verification reports -- to them. Hand the step's drafts to `give` right before `DraftingLayer.step`.
+    """
+
+    name = "engine"
+
+    def __init__(self) -> None:
+        self._given: BatchDrafts | None = None
+
+    def give(self, drafts: BatchDrafts) -> None:
+        self._given = drafts
+
+    def propose_batch(self, batch: DraftBatch) -> BatchDrafts:
+        drafts, self._given = self._given, None
+        if drafts is None or len(drafts) != len(batch):
+            raise ValueError(f"engine drafts: expected {len(batch)} drafts handed over before the step, got "
+                             f"{'none' if drafts is None else len(drafts)}")
+        return drafts.truncated(np.minimum(drafts.lengths, batch.max_draft))
+
+    def propose(self, requests: Sequence[DraftRequest]) -> list:
+        return self.propose_batch(_as_batch(requests)).drafts()
+
+    def finish(self, req_id: ReqId) -> None:
+        pass  # the engine's draft model holds no per-request state of ours
+
+
+def _as_batch(requests: Sequence[DraftRequest]) -> DraftBatch:
+    return DraftBatch([r.req_id for r in requests], [r.tokens for r in requests],
+                      np.array([len(r.tokens) for r in requests], dtype=np.int64),
+                      np.array([r.num_new for r in requests], dtype=np.int64),
+                      np.array([r.max_draft for r in requests], dtype=np.int64))

@@ -8,7 +8,8 @@ speculators itself, vLLM (`method: dflash` / `dspark` with a speculators checkpo
   `transformer_layer_config` (a Qwen3 config dict with the draft's dimensions), `aux_hidden_state_layer_ids`
   (= our tap ids + 1, vLLM / HF hidden_states numbering), `block_size`, `mask_token_id`, `draft_vocab_size`
   (= the target's vocabulary: no reduced draft vocabulary), `target_hidden_size`, `sample_from_anchor`
-  (false for DFlash, true for DSpark), `sliding_window_non_causal`, `speculators_config` {algorithm,
+  (false for DFlash, true for DSpark), `sliding_window_non_causal` (true = bidirectional, false = causal, for
+  every layer: see `sliding_window_non_causal`), `speculators_config` {algorithm,
   proposal_methods, default_proposal_method, verifier {name_or_path, architectures}}; DSpark adds
   `markov_rank` (0 = no Markov head), `markov_head_type`, `enable_confidence_head`, `confidence_head_with_markov`.
 - model.safetensors: z-lab / HF tensor names (`layers.{i}.self_attn.q_proj.weight`, ...), plus
@@ -70,6 +71,38 @@ def transformer_layer_config(model: DFlashDraftModel, target: Mapping[str, Any])
     }
 
 
+def sliding_window_non_causal(layer_causal: tuple[bool, ...], kind: str = "dflash") -> bool:
+    """The `sliding_window_non_causal` value under which vLLM serves layers with this causality.
+
+    vLLM 0.32 (transformers_utils/configs/speculators/algos.py, `update_dflash`) sets
+    `dflash_config.causal = not config.get("sliding_window_non_causal", True)`, and
+    model_executor/models/qwen3_dflash.py `_dflash_layer_causal` applies a set `dflash_config.causal` to every
+    draft layer, full attention included; the per-layer fallback there (causal iff `layer_types[i]` is
+    `sliding_attention`) is reached only when `dflash_config.causal` is unset, which `update_dflash` never
+    leaves it, and would tie causality to sliding windows anyway. So the field is one switch for the whole
+    draft: true = bidirectional, false = causal, and a mix has no speculators form.
+
+    speculators' trainer reads the field differently (only sliding layers; full layers always bidirectional),
+    and so does vLLM for DSpark (`update_dspark` ignores it: with our all-`full_attention` layer_types every
+    layer runs bidirectional). All three agree on an all-bidirectional draft, so that is the only DSpark
+    causality written; a causal DFlash export runs causally in vLLM, but speculators' own model class would
+    run its full-attention layers bidirectionally.
+    """
+    if all(layer_causal):
+        if kind == "dspark":
+            raise ValueError(
+                "save_speculators: field 'sliding_window_non_causal' cannot make a DSpark draft causal "
+                "(vLLM's DSpark reader ignores it and runs full-attention layers bidirectionally)"
+            )
+        return False
+    if any(layer_causal):
+        raise ValueError(
+            f"save_speculators: field 'sliding_window_non_causal' cannot express layer_causal={tuple(layer_causal)}: "
+            "vLLM applies it to every draft layer, so mixed causal / bidirectional layers have no speculators form"
+        )
+    return True
+
+
 def save_speculators(out_dir: str | os.PathLike, model: DFlashDraftModel, *, markov=None, confidence=None,
                      target_config: Any, kind: str | None = None, verifier_name_or_path: str | None = None,
                      dtype: torch.dtype | None = None) -> Path:
@@ -85,8 +118,9 @@ def save_speculators(out_dir: str | os.PathLike, model: DFlashDraftModel, *, mar
     if kind == "dflash" and (markov is not None or confidence is not None):
         raise ValueError("save_speculators: a DFlash checkpoint has no Markov or confidence head (use kind='dspark')")
     c = model.config
-    if any(c.layer_causal) or any(w is not None for w in c.layer_window):
-        raise ValueError("save_speculators: causal / sliding-window draft layers are not written by this exporter")
+    if any(w is not None for w in c.layer_window):
+        raise ValueError("save_speculators: sliding-window draft layers are not written by this exporter")
+    non_causal = sliding_window_non_causal(c.layer_causal, kind)
     if c.input_embedding_scale != 1.0 or c.output_multiplier != 1.0 or c.final_logit_softcapping is not None:
         raise ValueError("save_speculators: embedding scale / output multiplier / soft-capping have no speculators field")
     if confidence is not None and confidence.with_markov and markov is None:
@@ -104,7 +138,7 @@ def save_speculators(out_dir: str | os.PathLike, model: DFlashDraftModel, *, mar
         "mask_token_id": c.mask_token_id,
         "target_hidden_size": c.hidden_size,
         "sample_from_anchor": anchor_predicts_next,
-        "sliding_window_non_causal": False,
+        "sliding_window_non_causal": non_causal,
         "tie_word_embeddings": False,
         "transformer_layer_config": transformer_layer_config(model, target),
         "speculators_config": {

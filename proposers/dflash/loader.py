@@ -22,8 +22,12 @@ sit at the top level: `block_size` (default 8, as in speculators), `mask_token_i
 `speculators_config.algorithm`. Differences from z-lab:
 
 - `aux_hidden_state_layer_ids` are vLLM aux ids = HF hidden_states indices = our tap ids + 1 (valid 1..L).
-- Causality per layer: full-attention layers are bidirectional; sliding layers (those with a window) are
-  causal unless `sliding_window_non_causal`. `is_causal` / `dflash_config.causal` mean nothing there.
+- Causality is read as vLLM (0.32) resolves it, not as speculators' trainer does (see
+  `speculators_layer_causal`): `transformer_layer_config.is_causal`, when set, applies to every layer; else
+  DFlash takes `not sliding_window_non_causal` (absent = true = bidirectional) for *every* layer, full or
+  sliding, while DSpark ignores that field and makes exactly the `sliding_attention` layers causal.
+  speculators 0.9.0 itself writes `sliding_window_non_causal: false` by default and keeps full-attention
+  layers bidirectional regardless, so such a checkpoint runs causally in vLLM, and loads causally here.
 - Sliding windows: speculators trains with an anchor-relative window (block rows see the context positions
   [anchor - window, anchor) and their whole block); ours (like a standard SWA kernel) is per query row,
   q_pos - k_pos < window. They agree only while window >= context + block length; shorter windows diverge.
@@ -141,8 +145,12 @@ def _expand_transformer_config(tl: Mapping[str, Any]) -> dict[str, Any]:
         raise ValueError(f"DFlash config field 'transformer_layer_config': transformers rejects it ({type(e).__name__}: {msg[:200]})") from None
 
 
-def speculators_config(raw: Mapping[str, Any], *, num_target_layers: int | None = None) -> DFlashConfig:
-    """DFlashConfig from a speculators-format config.json (see the module docstring for the mapping)."""
+def speculators_config(raw: Mapping[str, Any], *, num_target_layers: int | None = None,
+                       causality: str = "dflash") -> DFlashConfig:
+    """DFlashConfig from a speculators-format config.json (see the module docstring for the mapping).
+
+    causality: whose vLLM causality rule applies, "dflash" or "dspark" (a DSpark backbone read through this
+    DFlash reader), see `speculators_layer_causal`."""
     kind = raw.get("speculators_model_type")
     if kind != "dflash":
         if kind in _SPECULATORS_FOREIGN:
@@ -207,7 +215,7 @@ def speculators_config(raw: Mapping[str, Any], *, num_target_layers: int | None 
     zlab_like = dict(full)
     for name in ("is_causal", "dflash_config", "num_target_layers", "input_embedding_scale", "output_multiplier",
                  "final_logit_softcapping"):
-        zlab_like.pop(name, None)  # z-lab meanings that speculators' draft does not have
+        zlab_like.pop(name, None)  # z-lab meanings that speculators' draft does not have (causality: below)
     zlab_like.update(
         block_size=raw.get("block_size", 8),  # speculators' own default
         mask_token_id=need("mask_token_id"),
@@ -215,17 +223,48 @@ def speculators_config(raw: Mapping[str, Any], *, num_target_layers: int | None 
     )
     config = DFlashConfig.from_dict(zlab_like, num_target_layers=num_target_layers)
 
-    # speculators' per-layer attention: a layer slides only if layer_types says so *and* a window is set (else
-    # it is a full, bidirectional layer); sliding layers are causal in the block unless sliding_window_non_causal.
+    # Windows: a layer slides only if layer_types says so *and* a window is set (else it is a full layer).
     window = full.get("sliding_window")
     types = full.get("layer_types") or ["full_attention"] * config.num_hidden_layers
-    non_causal = bool(raw.get("sliding_window_non_causal", False))
     sliding = [t == SLIDING_ATTENTION and window is not None for t in types]
     return dataclasses.replace(
         config,
-        layer_causal=tuple(sl and not non_causal for sl in sliding),
+        layer_causal=speculators_layer_causal(raw, config.num_hidden_layers, kind=causality),
         layer_window=tuple(window if sl else None for sl in sliding),
     )
+
+
+def speculators_layer_causal(raw: Mapping[str, Any], num_layers: int, *, kind: str = "dflash") -> tuple[bool, ...]:
+    """Per-layer causality of a speculators-format draft, exactly as vLLM 0.32 serves it (kind: "dflash" or
+    "dspark", the vLLM method whose reading applies).
+
+    vLLM builds the draft's config from the raw `transformer_layer_config` plus its per-method updater, then
+    resolves each layer with `qwen3_dflash._dflash_layer_causal`: `is_causal` if set, else
+    `dflash_config.causal` if set, else causal iff `layer_types[i] == "sliding_attention"` (no layer_types:
+    bidirectional). For DFlash, `algos.update_dflash` always sets `dflash_config.causal =
+    not config.get("sliding_window_non_causal", True)`, so that one field decides every layer (absent means
+    bidirectional; an explicit null means causal, as Python's `not None`). `update_dspark` sets no
+    `dflash_config`, so a DSpark draft falls through to the layer types and the field means nothing there.
+    """
+    tl = raw.get("transformer_layer_config") or {}
+    forced = tl.get("is_causal")
+    if forced is not None:
+        if not isinstance(forced, bool):
+            raise ValueError(f"DFlash config field 'transformer_layer_config.is_causal': expected true or false, got {forced!r}")
+        return (forced,) * num_layers
+    if kind == "dflash":
+        non_causal = raw.get("sliding_window_non_causal", True)
+        if non_causal is not None and not isinstance(non_causal, bool):
+            raise ValueError(f"DFlash config field 'sliding_window_non_causal': expected true or false, got {non_causal!r}")
+        return (not non_causal,) * num_layers
+    if kind != "dspark":
+        raise ValueError(f"speculators_layer_causal: kind must be 'dflash' or 'dspark', got {kind!r}")
+    types = tl.get("layer_types")
+    if not types:
+        return (False,) * num_layers
+    if not isinstance(types, list) or len(types) != num_layers:
+        raise ValueError(f"DFlash config field 'transformer_layer_config.layer_types': expected a list of {num_layers} entries, got {types!r}")
+    return tuple(t == SLIDING_ATTENTION for t in types)
 
 
 def read_safetensors(folder: Path) -> dict[str, torch.Tensor]:

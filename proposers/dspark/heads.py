@@ -29,6 +29,7 @@ from torch.nn import functional as F
 from spec_plugins.proposers.dflash.model import DFlashDrafter
 
 MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
+_GREEDY_EPS = 1e-5  # vLLM's sampler treats temperatures below this as greedy
 
 
 class MarkovHead(nn.Module):
@@ -122,37 +123,55 @@ class WalkResult:
 
 
 def markov_walk(hidden: Tensor, base_logits: Tensor, anchor: Tensor, markov: MarkovHead | None,
-                confidence: ConfidenceHead | None = None, temperature: float = 0.0,
-                generator: torch.Generator | None = None) -> WalkResult:
+                confidence: ConfidenceHead | None = None, temperature: float | Tensor = 0.0,
+                generator: torch.Generator | None = None, draft_topk: int | None = None) -> WalkResult:
     """Turn backbone rows into drafts, left to right.
 
     hidden [b, g, d] final-normed backbone rows; base_logits [b, g, V] = lm_head(hidden); anchor [b] the
-    last committed token (row 0's predecessor). temperature <= 0: greedy; otherwise x_k ~ softmax(logits/T)
-    drawn with `generator`. Without a Markov head this is plain DFlash with anchor-predicts-next rows.
+    last committed token (row 0's predecessor). temperature: one for all rows or one per row [b]; <= 0 (below
+    1e-5, as vLLM's sampler) drafts greedily, otherwise x_k ~ softmax(logits/T) drawn with `generator`.
+    draft_topk: only the k best backbone candidates of each row get the Markov bias; the rest are impossible
+    (vLLM's `dspark_draft_topk`). Without a Markov head this is plain DFlash with anchor-predicts-next rows.
     """
     if markov is not None and markov.markov_w2.out_features != markov.markov_w1.num_embeddings:
         # Drafted ids would index W1 in the draft vocabulary; a d2t map to target ids is not wired yet.
         raise NotImplementedError("markov_walk: reduced draft vocabularies (d2t) are not supported yet")
-    b, g, _ = hidden.shape
+    b, g, vocab = base_logits.shape
+    temps = torch.as_tensor(temperature, dtype=torch.float32, device=base_logits.device).reshape(-1)
+    if temps.numel() == 1:
+        temps = temps.expand(b)
+    if temps.shape != (b,):
+        raise ValueError(f"markov_walk: temperature must be one value or one per row ({b}), got {tuple(temps.shape)}")
+    greedy = temps < _GREEDY_EPS
+    all_greedy = bool(greedy.all())
+    scale = torch.where(greedy, torch.ones_like(temps), temps)[:, None]
     prev = anchor.long()
     state = markov.initial_state(b, hidden) if markov is not None else None
     tokens, logits_out, probs_out, conf_out = [], [], [], []
     for k in range(g):
         prev_emb = markov.prev_embedding(prev) if markov is not None else None
-        logits = base_logits[:, k]
+        logits = base_logits[:, k].float()
         if markov is not None:
             bias, state = markov.step(hidden[:, k], prev_emb, state)
-            logits = logits + bias
-        logits = logits.float()
+            if draft_topk is not None and draft_topk < vocab:
+                keep = logits.topk(draft_topk, dim=-1).indices
+                logits = logits.new_full(logits.shape, float("-inf")).scatter_(
+                    1, keep, logits.gather(1, keep) + bias.float().gather(1, keep))
+            else:
+                logits = logits + bias.float()
         # The confidence reads only x_{k-1} (prev), before x_k is drawn below.
         if confidence is not None:
             conf_out.append(confidence(hidden[:, k], prev_emb).float())
-        if temperature > 0:
-            probs = torch.softmax(logits / temperature, dim=-1)
-            token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-        else:
+        if all_greedy:
             token = logits.argmax(dim=-1)
-            probs = F.one_hot(token, logits.shape[-1]).float()
+            probs = F.one_hot(token, vocab).float()
+        else:
+            probs = torch.softmax(logits / scale, dim=-1)
+            token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+            if greedy.any():  # greedy rows of a mixed batch: the argmax, drawn with certainty
+                top = logits.argmax(dim=-1)
+                token = torch.where(greedy, top, token)
+                probs = torch.where(greedy[:, None], F.one_hot(top, vocab).float(), probs)
         tokens.append(token)
         logits_out.append(logits)
         probs_out.append(probs)
@@ -198,9 +217,10 @@ class DSparkDrafter(DFlashDrafter):
         return hidden, model.logits(hidden, self.lm_head_weight)
 
     @torch.no_grad()
-    def propose_block(self, context_taps: Tensor, anchor: Tensor, temperature: float = 0.0,
-                      generator: torch.Generator | None = None) -> WalkResult:
+    def propose_block(self, context_taps: Tensor, anchor: Tensor, temperature: float | Tensor = 0.0,
+                      generator: torch.Generator | None = None, draft_topk: int | None = None) -> WalkResult:
         """context_taps [b, c, taps * d] of newly committed positions (c may be 0), anchor [b] the token at
         the next position (the target's bonus). Returns gamma drafts for the positions after the anchor."""
         hidden, base_logits = self.backbone(context_taps, anchor)
-        return markov_walk(hidden, base_logits, anchor, self.markov, self.confidence, temperature, generator)
+        return markov_walk(hidden, base_logits, anchor, self.markov, self.confidence, temperature, generator,
+                           draft_topk)

@@ -9,6 +9,10 @@ The backbone is DFlash's (same config fields and tensor names, read with propose
                   markov_head.gate_proj.* (gated), markov_head.joint_proj.* (rnn),
                   confidence_head.proj.weight [1, d (+ r)], confidence_head.proj.bias [1]
 
+Attention causality is read as vLLM serves a DSpark draft: `transformer_layer_config.is_causal` if set, else
+the `sliding_attention` layers are causal and the rest bidirectional; `sliding_window_non_causal` is not read
+(vLLM's `update_dspark` ignores it), see `speculators_layer_causal` in proposers/dflash/loader.py.
+
 `markov_rank` is required here (speculators would silently default it to 256); the other DSpark fields take
 speculators' defaults (vanilla, confidence head on, reading the Markov embedding). Every problem is one
 line: a ValueError starting "DSpark config" or "DSpark checkpoint".
@@ -70,18 +74,24 @@ def _dspark_fields(raw) -> tuple[int, str, bool, bool]:
     return rank, head_type, with_confidence, with_markov
 
 
-def _load_module(module: torch.nn.Module, tensors: dict[str, torch.Tensor], what: str, dtype, device) -> None:
+def load_module_tensors(module: torch.nn.Module, tensors: dict[str, torch.Tensor], what: str, *,
+                        who: str = "DSpark checkpoint", dtype=None, device=None, assign: bool = False) -> None:
+    """Load `tensors` (names relative to `what`) into `module` exactly: an unexpected, missing or misshapen
+    tensor is one ValueError starting with `who`. dtype/device: cast to these (default: the module's)."""
     expected = module.state_dict()
     for name, tensor in tensors.items():
         if name not in expected:
-            raise _error(f"DSpark checkpoint: unexpected tensor '{what}.{name}' for this config")
+            raise _error(f"{who}: unexpected tensor '{what}.{name}' for this config")
         if tuple(tensor.shape) != tuple(expected[name].shape):
-            raise _error(f"DSpark checkpoint: tensor '{what}.{name}' has shape {list(tensor.shape)}, "
+            raise _error(f"{who}: tensor '{what}.{name}' has shape {list(tensor.shape)}, "
                          f"config implies {list(expected[name].shape)}")
     missing = sorted(set(expected) - set(tensors))
     if missing:
-        raise _error(f"DSpark checkpoint: missing tensor(s) {[f'{what}.{m}' for m in missing[:3]]}")
-    module.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in tensors.items()}, strict=True, assign=True)
+        raise _error(f"{who}: missing tensor(s) {[f'{what}.{m}' for m in missing[:3]]}")
+    ref = next(iter(expected.values()))
+    dtype, device = dtype or ref.dtype, device or ref.device
+    module.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in tensors.items()}, strict=True,
+                           assign=assign)
 
 
 def load_dspark(path: str | os.PathLike, *, num_target_layers: int | None = None, map_location: str | torch.device = "cpu",
@@ -102,12 +112,13 @@ def load_dspark(path: str | os.PathLike, *, num_target_layers: int | None = None
     rank, head_type, with_confidence, with_markov = _dspark_fields(raw)
 
     # The backbone fields are DFlash's: read them with the DFlash reader, as a DFlash config with the same
-    # dimensions (its errors keep their wording, renamed to DSpark).
+    # dimensions (its errors keep their wording, renamed to DSpark). Causality follows vLLM's DSpark reading,
+    # which ignores sliding_window_non_causal (causal layers only from transformer_layer_config).
     as_dflash = dict(raw, speculators_model_type="dflash", sample_from_anchor=False)
     if isinstance(raw.get("speculators_config"), dict):
         as_dflash["speculators_config"] = dict(raw["speculators_config"], algorithm="dflash")
     try:
-        config = speculators_config(as_dflash, num_target_layers=num_target_layers)
+        config = speculators_config(as_dflash, num_target_layers=num_target_layers, causality="dspark")
     except ValueError as e:
         raise _error(str(e).replace("DFlash config", "DSpark config", 1)) from None
 
@@ -133,20 +144,22 @@ def load_dspark(path: str | os.PathLike, *, num_target_layers: int | None = None
 
     with torch.device("meta"):
         model = DFlashDraftModel(config)
-    _load_module(model, backbone, "backbone", dtype, map_location)
+    load_module_tensors(model, backbone, "backbone", dtype=dtype, device=map_location, assign=True)
 
     markov = None
     if rank > 0:
         with torch.device("meta"):
             markov = MarkovHead(config.vocab_size, rank, config.hidden_size, head_type)
-        _load_module(markov, heads["markov_head"], "markov_head", dtype, map_location)
+        load_module_tensors(markov, heads["markov_head"], "markov_head", dtype=dtype, device=map_location,
+                            assign=True)
     elif heads["markov_head"]:
         raise _error("DSpark checkpoint: markov_head tensors present but markov_rank is 0")
     confidence = None
     if with_confidence:
         with torch.device("meta"):
             confidence = ConfidenceHead(config.hidden_size, rank if with_markov else 0)
-        _load_module(confidence, heads["confidence_head"], "confidence_head", dtype, map_location)
+        load_module_tensors(confidence, heads["confidence_head"], "confidence_head", dtype=dtype,
+                            device=map_location, assign=True)
     elif heads["confidence_head"]:
         raise _error("DSpark checkpoint: confidence_head tensors present but enable_confidence_head is false")
     return model.eval(), None if markov is None else markov.eval(), None if confidence is None else confidence.eval()

@@ -18,6 +18,7 @@ from spec_plugins.proposers.dspark.heads import ConfidenceHead, DSparkDrafter, M
 class DSparkProposer(_OneRequest):
     """Up to gamma (= the backbone's block_size) drafts a step, walked left to right through the Markov head.
 
+    draft_topk: only the k best backbone candidates of a row get the Markov bias (vLLM's `dspark_draft_topk`).
     temperature 0: greedy drafts, `Draft.probs` None; temperature > 0: sampled drafts with their exact
     proposal in `Draft.probs`. `Draft.confidence` holds sigmoid(confidence logits) (after `calibrate`, e.g. a
     fitted SequentialTemperatureScaling, when given): draft k's value reads the tokens before it only.
@@ -25,8 +26,12 @@ class DSparkProposer(_OneRequest):
 
     def __init__(self, model: DFlashDraftModel, markov: MarkovHead | None = None,
                  confidence: ConfidenceHead | None = None, *, temperature: float = 0.0, seed: int = 0,
-                 calibrate: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+                 calibrate: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 draft_topk: int | None = None) -> None:
         super().__init__(temperature, seed)
+        if draft_topk is not None and draft_topk < 1:
+            raise ValueError(f"DSparkProposer: draft_topk must be >= 1, got {draft_topk}")
+        self.draft_topk = draft_topk
         self.model = model.eval()
         self.markov = None if markov is None else markov.eval()
         self.confidence = None if confidence is None else confidence.eval()
@@ -42,7 +47,7 @@ class DSparkProposer(_OneRequest):
             self.drafter.extend(context)
             return Draft()
         anchor = torch.tensor([int(req.tokens[-1])], device=context.device)
-        walk = self.drafter.propose_block(context, anchor, self.temperature, self.generator)
+        walk = self.drafter.propose_block(context, anchor, self.temperature, self.generator, self.draft_topk)
         n = min(req.max_draft, walk.tokens.shape[1])
         confidence = None
         if walk.confidence_logits is not None:

@@ -1,4 +1,19 @@
-"""`vllm.general_plugins` entry point: hands the model runner's request ids to our proposers.
+"""`vllm.general_plugins` entry point: request ids for our proposers, our DFlash / DSpark draft models.
+
+Three things, all inert until a spec-plugins proposer or drafter is in use:
+
+1. `GPUModelRunner.propose_draft_token_ids` is wrapped (below) to hand the runner's request ids and
+   finished requests to our `custom_class` proposers, and to let a spec-plugins policy cut the drafts
+   of our DSpark draft model per request (`BlockDrafter.policy_hook`).
+2. `register()` maps the registry architectures `DFlashDraftModel` and `Qwen3DSparkModel` to our
+   subclasses of vLLM's `DFlashQwen3ForCausalLM` / `Qwen3DSparkForCausalLM` (drafters.py; lazily, by
+   name). They behave as vLLM's, plus a per-layer context K-norm where this build's grouped `rms_norm`
+   is wrong, start-up checks, and DSpark drafting under `method: dflash`.
+3. `install_block_drafting()` wraps `DFlashProposer.set_inputs_first_pass` (the rows to sample: 0..K-1
+   instead of 1..K, and the bonus tokens as the walk's first predecessors) and
+   `DFlashProposer._sample_draft_tokens(hidden_states, sampling_metadata)` (the draft model's
+   left-to-right walk, reading `_enable_probabilistic_draft_probs`), for `BlockDrafter` models with
+   `anchor_rows` only. Installed by our DSpark draft model's constructor, in the worker.
 
 vLLM's `custom_class` interface calls `propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)`
 with batch rows only: no request ids, and no signal when a request ends. Rows are reused and
@@ -7,7 +22,8 @@ into them), so row-keyed per-request state is blurred and never freed for sure.
 
 This plugin wraps one method, `GPUModelRunner.propose_draft_token_ids` (MRV1; `CPUModelRunner`
 inherits it unchanged in 0.32 and 0.33, and `custom_class` always runs on MRV1). When, and only
-when, `self.drafter` is a `SpecPluginsProposer` (a `RequestIdAware`), the wrapper, before calling the original:
+when, `self.drafter` is a `SpecPluginsProposer` (a `RequestIdAware`) or `self.drafter.model` is a
+`BlockDrafter` with a `policy_hook`, the wrapper, before calling the original:
 
 - finishes every id in `scheduler_output.finished_req_ids` (requests that ended since the last step;
   the runner dropped them from its batch in `_update_states` earlier in this same step);
@@ -30,14 +46,19 @@ Where `register()` runs: vLLM calls `load_general_plugins()` (once per process) 
 with VLLM_ENABLE_V1_MULTIPROCESSING=0 one process does everything and registers from `EngineArgs`;
 in the default multiprocess mode, and under `vllm serve`, it registers in the front end, in
 `VLLM::EngineCore` and in the worker that process spawns, where the runner and our proposer live.
-`register()` only checks the version and the switch; the patch is
-installed lazily by our proposer's constructor, which vLLM runs inside `GPUModelRunner.__init__`, so
+`register()` checks the version and the switch and fills the registry; the patches are
+installed lazily by our proposer's (or DSpark draft model's) constructor, which vLLM runs inside `GPUModelRunner.__init__`, so
 the runner class is patched before its first step and nothing is patched in processes (or engines)
 that never build a spec-plugins proposer.
 
+After the original, a `policy_hook` turns vLLM's [B, K] draft tensor into per-request lists cut to
+the policy's lengths (`sampled_token_ids`, the call's second argument, says what the last step accepted;
+the runner's `_get_spec_decode_draft_probs` takes each request's proposal prefix).
+
 Rules: idempotent, cheap, never raises, imports neither vLLM's runner nor numba/llvmlite nor torch
-(CUDA stays uninitialised). `SPEC_PLUGINS_VLLM_PLUGIN=0` turns it off; per-request state then falls
-back to row keys.
+(CUDA stays uninitialised); the registry is filled only where vLLM is already imported.
+`SPEC_PLUGINS_VLLM_PLUGIN=0` turns it all off: per-request state falls back to row keys, and DFlash /
+DSpark checkpoints run on vLLM's own classes (DSpark then drafts as plain DFlash).
 """
 
 from __future__ import annotations
@@ -57,7 +78,28 @@ SUPPORTED = ((0, 32), (0, 33))  # vLLM major.minor versions whose runner this pa
 RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
 METHOD = "propose_draft_token_ids"
 ORIG = "_spec_plugins_orig_" + METHOD
+BLOCK_ORIG = "_spec_plugins_orig_block_drafting"
+# vLLM registry architecture -> our class in spec_plugins/vllm/drafters.py
+DRAFTERS = {"DFlashDraftModel": "DFlashDraft", "Qwen3DSparkModel": "DSparkDraft"}
 
+
+
+class BlockDrafter:
+    """Base of our vLLM draft-model classes (`drafters.py`): what the patched `DFlashProposer` and the
+    runner wrapper call on the draft model. Defined here, like `RequestIdAware`, so this module imports
+    neither the drafters nor vLLM."""
+
+    # True: rows 0..K-1 of each block draft (anchor predicts next, DSpark) and `sample_block` draws them;
+    # False: vLLM's own DFlash sampling of rows 1..K.
+    anchor_rows: bool = False
+    # A RequestIdAware with `after_propose(runner, sampled_token_ids, drafts) -> drafts`, or None.
+    policy_hook: Any = None
+
+    def begin_block(self, next_token_ids: Any) -> None:
+        raise NotImplementedError
+
+    def sample_block(self, hidden_states: Any, sampling_metadata: Any, probabilistic: bool) -> Any:
+        raise NotImplementedError
 
 
 class RequestIdAware:
@@ -89,11 +131,13 @@ def register() -> None:
                 _warned = True
                 logger.warning(
                     "spec-plugins: vLLM %s is not supported by the spec-plugins vLLM plugin (supported: %s); "
-                    "request ids are not handed to spec-plugins proposers and per-request state falls back "
-                    "to row keys.", found or "(version unknown)", ", ".join(f"{a}.{b}.x" for a, b in SUPPORTED),
+                    "request ids are not handed to spec-plugins proposers (per-request state falls back "
+                    "to row keys) and DFlash / DSpark checkpoints run on vLLM's own classes (DSpark drafts "
+                    "as plain DFlash).", found or "(version unknown)", ", ".join(f"{a}.{b}.x" for a, b in SUPPORTED),
                 )
             return
         _enabled = True
+        _register_drafters()
     except Exception as exc:  # a plugin must never take the engine down
         _enabled = False
         logger.warning("spec-plugins: vLLM plugin disabled (%s: %s); per-request state falls back to row keys.",
@@ -131,6 +175,74 @@ def install(runner_cls: Any = None) -> bool:
         return False
 
 
+def _register_drafters() -> None:
+    """Our draft-model classes for the DFlash / DSpark architectures of vLLM's registry, by name (lazy:
+    nothing is imported until vLLM builds a draft model). Both are vLLM's classes plus fixes and DSpark
+    drafting under `method: dflash` (drafters.py), so every other use of the architectures is unchanged.
+    Only inside vLLM (already imported, with torch): anywhere else there is no registry to fill."""
+    if "vllm" not in sys.modules:
+        return
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    for arch, cls in DRAFTERS.items():
+        ModelRegistry.register_model(arch, f"spec_plugins.vllm.drafters:{cls}")
+
+
+def install_block_drafting(proposer_cls: Any = None) -> bool:
+    """Wrap `DFlashProposer.set_inputs_first_pass` and `_sample_draft_tokens` once, for `BlockDrafter`
+    models with `anchor_rows` (DSpark on the V1 runner); other draft models go straight to vLLM's code.
+
+    * set_inputs_first_pass: vLLM builds each request's query block [bonus, mask * K] and samples rows
+      1..K; for an anchor-row model the rows to sample are 0..K-1 (indices - 1), and the bonus tokens
+      (`next_token_ids`) are the walk's first predecessors (`begin_block`).
+    * _sample_draft_tokens(hidden_states, sampling_metadata): the model's left-to-right walk
+      (`sample_block`) instead of one independent argmax/sample per row; with `draft_sample_method:
+      probabilistic` (vLLM's `_enable_probabilistic_draft_probs`) it returns the exact proposal, which
+      `propose` hands to the rejection sampler.
+
+    Called by the drafter's constructor, inside the worker. Idempotent; never raises (a failure leaves
+    vLLM's DFlash sampling in place, with one warning).
+    """
+    try:
+        if proposer_cls is None:
+            from vllm.v1.spec_decode.dflash import DFlashProposer as proposer_cls
+        if BLOCK_ORIG in vars(proposer_cls):
+            return True
+        orig_inputs = proposer_cls.set_inputs_first_pass
+        orig_sample = proposer_cls._sample_draft_tokens
+
+        def _anchor_model(proposer: Any) -> Any:
+            model = proposer.model
+            unwrap = getattr(model, "unwrap", None)  # vLLM's CUDA-graph wrapper
+            model = unwrap() if callable(unwrap) else model
+            return model if isinstance(model, BlockDrafter) and model.anchor_rows else None
+
+        @functools.wraps(orig_inputs)
+        def set_inputs_first_pass(self: Any, *args: Any, **kwargs: Any) -> Any:
+            num_tokens, indices, cad = orig_inputs(self, *args, **kwargs)
+            model = _anchor_model(self)
+            if model is None:
+                return num_tokens, indices, cad
+            model.begin_block(kwargs["next_token_ids"] if "next_token_ids" in kwargs else args[1])
+            return num_tokens, indices - 1, cad
+
+        @functools.wraps(orig_sample)
+        def _sample_draft_tokens(self: Any, hidden_states: Any, sampling_metadata: Any) -> Any:
+            model = _anchor_model(self)
+            if model is None:
+                return orig_sample(self, hidden_states, sampling_metadata)
+            return model.sample_block(hidden_states, sampling_metadata, bool(self._enable_probabilistic_draft_probs))
+
+        setattr(proposer_cls, BLOCK_ORIG, (orig_inputs, orig_sample))
+        proposer_cls.set_inputs_first_pass = set_inputs_first_pass
+        proposer_cls._sample_draft_tokens = _sample_draft_tokens
+        return True
+    except Exception as exc:
+        logger.warning("spec-plugins: could not patch vLLM's DFlash proposer (%s: %s); DSpark checkpoints draft as "
+                       "plain DFlash.", type(exc).__name__, exc)
+        return False
+
+
 def hand_over(drafter: RequestIdAware, req_ids: Any, scheduler_output: Any) -> None:
     """What the wrapper does before each `propose`: ends first (an id can finish and be resubmitted
     in one step; vLLM then treats it as a new request, and so do we), then this step's row ids."""
@@ -145,13 +257,19 @@ def _wrap(orig: Any) -> Any:
     @functools.wraps(orig)
     def propose_draft_token_ids(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
         drafter = getattr(self, "drafter", None)
-        if isinstance(drafter, RequestIdAware):
+        model = getattr(drafter, "model", None)  # vLLM's DFlashProposer holds its draft model here
+        hook = model.policy_hook if isinstance(model, BlockDrafter) else None
+        served = drafter if isinstance(drafter, RequestIdAware) else hook
+        if served is not None:
             req_ids = getattr(getattr(self, "input_batch", None), "req_ids", None)
             if req_ids is None:  # not the runner we know: leave the adapter on row keys
-                drafter.row_req_ids = None
+                served.row_req_ids = None
             else:
-                hand_over(drafter, req_ids, scheduler_output)
-        return orig(self, scheduler_output, *args, **kwargs)
+                hand_over(served, req_ids, scheduler_output)
+        drafts = orig(self, scheduler_output, *args, **kwargs)
+        if hook is not None and hook.row_req_ids is not None and args:
+            drafts = hook.after_propose(self, args[0], drafts)  # args[0]: sampled_token_ids
+        return drafts
 
     return propose_draft_token_ids
 
