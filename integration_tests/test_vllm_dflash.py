@@ -96,6 +96,18 @@ def _drafter(folder: Path, target: str, kind: str, head: str = "vanilla", *, see
     return str(save_speculators(folder / name, model, target_config=tc, **extra))
 
 
+def _zlab(speculators_dir: str, dst: Path) -> str:
+    """The same DFlash drafter in z-lab's layout: a Qwen3 config with `dflash_config`, the same tensors."""
+    raw = json.loads((Path(speculators_dir) / "config.json").read_text())
+    config = {**raw["transformer_layer_config"], "architectures": ["DFlashDraftModel"], "block_size": raw["block_size"],
+              "num_target_layers": 4, "dflash_config": {"mask_token_id": raw["mask_token_id"],
+                                                        "target_layer_ids": [i - 1 for i in raw["aux_hidden_state_layer_ids"]]}}
+    dst.mkdir(parents=True)
+    (dst / "config.json").write_text(json.dumps(config))
+    (dst / "model.safetensors").write_bytes((Path(speculators_dir) / "model.safetensors").read_bytes())
+    return str(dst)
+
+
 # ---------------------------------------------------------------- the child: one engine
 
 
@@ -103,18 +115,26 @@ def _child(inp: str, out: str) -> None:
     cfg = json.loads(Path(inp).read_text())
     recorded: list[list[list[int]]] = []
     with_probs: list[bool] = []
-    if cfg.get("record"):
+    if cfg.get("record"):  # each step's drafts, [B][K]
         from spec_plugins.vllm import drafters
 
+        k = cfg["spec"]["num_speculative_tokens"]
         original = drafters.DSparkDraft.sample_block
+        compute_logits = drafters.DFlashDraft.compute_logits
 
         def sample_block(self, *args, **kwargs):
             tokens, probs = original(self, *args, **kwargs)
-            recorded.append(tokens.view(-1, self.num_speculative_tokens).tolist())
+            recorded.append(tokens.view(-1, k).tolist())
             with_probs.append(probs is not None)
             return tokens, probs
 
+        def dflash_logits(self, hidden_states):  # vLLM's DFlash drafts the argmax of these rows
+            logits = compute_logits(self, hidden_states)
+            recorded.append(logits.argmax(-1).view(-1, k).tolist())
+            return logits
+
         drafters.DSparkDraft.sample_block = sample_block
+        drafters.DFlashDraft.compute_logits = dflash_logits
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=cfg["model"], dtype="float32", max_model_len=512, enforce_eager=True, seed=0, max_num_seqs=4,
@@ -164,6 +184,7 @@ def models(tmp_path_factory) -> dict:
     folder = tmp_path_factory.mktemp("dflash-models")
     target = _target(folder)
     out = {"target": target, "dflash": _drafter(folder, target, "dflash")}
+    out["dflash-zlab"] = _zlab(out["dflash"], folder / "dflash-zlab")
     for head in ("vanilla", "gated", "rnn"):
         out[f"dspark-{head}"] = _drafter(folder, target, "dspark", head)
     return out
@@ -179,6 +200,7 @@ def baseline(models, tmp_path_factory) -> dict:
 
 CASES = {
     "dflash": ("dflash", None),
+    "dflash-zlab": ("dflash-zlab", None),
     "dspark-vanilla": ("dspark-vanilla", None),
     "dspark-gated": ("dspark-gated", None),
     "dspark-rnn": ("dspark-rnn", None),
@@ -201,22 +223,27 @@ def test_greedy_output_identical_to_no_speculation(case, models, baseline, tmp_p
         assert m["num_draft_tokens"] <= K * m["num_drafts"]
 
 
-def test_dspark_drafts_equal_the_reference_engine_every_step(models, tmp_path):
+@pytest.mark.parametrize("ckpt", ["dspark-gated", "dflash", "dflash-zlab"])
+def test_drafts_equal_the_reference_engine_every_step(ckpt, models, tmp_path):
     """vLLM's drafts of each step (prompt alone) == the reference engine's for the same context and weights."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    from spec_plugins.proposers.dflash import DFlashProposer, load_dflash
     from spec_plugins.proposers.dspark import DSparkProposer
     from spec_plugins.proposers.dspark.loader import load_dspark
     from spec_plugins.reference import HFTarget, generate
 
-    ckpt = models["dspark-gated"]
-    res = _run(tmp_path, models["target"], _spec(ckpt), record=True)
+    k = K if ckpt.startswith("dspark") else K + 1  # the drafter's block_size - 1 either way
+    res = _run(tmp_path, models["target"], {**_spec(models[ckpt]), "num_speculative_tokens": k}, record=True)
     hf = AutoModelForCausalLM.from_pretrained(models["target"], dtype=torch.float32).eval()
     compared = 0
     for i, prompt in enumerate(PROMPTS):
-        model, markov, confidence = load_dspark(ckpt, num_target_layers=hf.config.num_hidden_layers)
-        proposer = DSparkProposer(model.float(), markov, confidence)
+        if ckpt.startswith("dspark"):
+            model, markov, confidence = load_dspark(models[ckpt], num_target_layers=hf.config.num_hidden_layers)
+            proposer = DSparkProposer(model.float(), markov, confidence)
+        else:
+            proposer = DFlashProposer(load_dflash(models[ckpt], num_target_layers=hf.config.num_hidden_layers).float())
         proposer.load(hf)
         seen: list[list[int]] = []
         propose = proposer.propose
@@ -227,7 +254,7 @@ def test_dspark_drafts_equal_the_reference_engine_every_step(models, tmp_path):
             return drafts
 
         proposer.propose = recording
-        out = generate(HFTarget(hf), proposer, prompt, MAX_TOKENS[i], max_draft=K)
+        out = generate(HFTarget(hf), proposer, prompt, MAX_TOKENS[i], max_draft=k)
         assert out.tokens == res["alone"][i]
         ours = res["alone_drafts"][i]
         assert len(ours) >= len(seen) > 0
