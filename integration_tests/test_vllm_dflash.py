@@ -61,7 +61,7 @@ def _target(folder: Path, constant: bool = False) -> str:
 
 
 def _drafter(folder: Path, target: str, kind: str, head: str = "vanilla", *, seed: int = 0,
-             agree: bool | None = None) -> str:
+             agree: bool | None = None, confidence_bias: float | None = None) -> str:
     """A random 2-layer drafter in the speculators format. agree=True: drafts the constant target's token 0
     (final norm and Markov bias zero); agree=False: drafts token 1 (a Markov bias that always wins)."""
     import torch
@@ -91,8 +91,13 @@ def _drafter(folder: Path, target: str, kind: str, head: str = "vanilla", *, see
                 markov.markov_w1.weight.fill_(1.0)
                 markov.markov_w2.weight.zero_()
                 markov.markov_w2.weight[1] = 10.0
-            extra = dict(markov=markov, confidence=ConfidenceHead(tc.hidden_size, 8), kind="dspark")
-    name = f"{kind}-{head}" + ("" if agree is None else f"-agree{int(agree)}")
+            confidence = ConfidenceHead(tc.hidden_size, 8)
+            if confidence_bias is not None:  # confidences pinned near sigmoid(bias)
+                confidence.proj.weight.zero_()
+                confidence.proj.bias.fill_(confidence_bias)
+            extra = dict(markov=markov, confidence=confidence, kind="dspark")
+    name = f"{kind}-{head}" + ("" if agree is None else f"-agree{int(agree)}") + \
+        ("" if confidence_bias is None else f"-conf{confidence_bias:g}")
     return str(save_speculators(folder / name, model, target_config=tc, **extra))
 
 
@@ -282,6 +287,23 @@ def test_agreeing_drafter_is_fully_accepted_and_a_wrong_one_never(tmp_path_facto
             assert m["num_accepted_tokens"] == 0, m
 
 
+def test_adaptive_policy_cuts_drafts_by_dspark_confidences(tmp_path_factory):
+    """Confident and right: full drafts; sure to be wrong (and right about it): each step's draft cut from K
+    to at most one token (vLLM counts only drafts of at least one token)."""
+    folder = tmp_path_factory.mktemp("confidence")
+    target = _target(folder, constant=True)
+    policy = {"spec_plugins": {"policy": "adaptive", "policy_options": {"hardware": "h200"}}}
+    tokens, per_draft = {}, {}
+    for agree, bias in ((True, 20.0), (False, -20.0)):
+        ckpt = _drafter(folder, target, "dspark", "vanilla", agree=agree, confidence_bias=bias)
+        (folder / f"run{int(agree)}").mkdir()
+        m = _run(folder / f"run{int(agree)}", target, _spec(ckpt), policy)["metrics"]
+        tokens[agree] = m.get("num_draft_tokens", 0)
+        per_draft[agree] = tokens[agree] / max(1, m.get("num_drafts", 0))  # vLLM counts drafts of >= 1 token
+    assert per_draft[True] > 5.0, per_draft  # ~K tokens per draft
+    assert per_draft[False] <= 1.0, (tokens, per_draft)  # cut from 6 to at most 1
+
+
 def test_sampled_drafts_hand_their_proposal_to_the_rejection_sampler(models, tmp_path):
     res = _run(tmp_path, models["target"], _spec(models["dspark-rnn"], draft_sample_method="probabilistic"),
                record=True, temperature=0.8)
@@ -327,6 +349,7 @@ BAD = {
                           "reaches outside the target's 4 decoder layers"),
     "hidden_size": (dict(config=lambda c: c.update(target_hidden_size=96)), K, "'target_hidden_size' is 96"),
     "too_many_tokens": ({}, BLOCK, "num_speculative_tokens: 7 is more than"),
+    "draft_vocabulary": (dict(config=lambda c: c.update(draft_vocab_size=256)), K, "draft_vocab_size 256 is smaller"),
 }
 
 
