@@ -145,8 +145,8 @@ class DraftingLayer:
         # First sight, or a context that shrank (recomputed): the whole context is new.
         grown = np.where(new | (grown < 0) | (grown > lens), lens, grown)
         ledger["seen_len"][slots] = lens
-        self.touch(present)
-        self.sweep()
+        if len(ledger) > n + self.touch(present):  # some tracked request is absent from this step
+            self.sweep()
         caps = np.asarray(max_draft, dtype=np.int64)
         if caps.ndim == 0:  # one cap for all
             caps = np.full(n, caps)
@@ -170,11 +170,15 @@ class DraftingLayer:
             slots, accepted = slots[known], np.asarray(accepted, dtype=np.int64)[known]
         self._observe(slots, req_ids, np.asarray(accepted, dtype=np.int64))
 
-    def touch(self, req_ids: Sequence[ReqId]) -> None:
-        """These requests are in the engine's batch without drafting this step: keep them fresh."""
-        if req_ids:
-            slots, _ = self._ledger.lookup(req_ids, create=False)
-            self._ledger["last_step"][slots[slots >= 0]] = self.step_count
+    def touch(self, req_ids: Sequence[ReqId]) -> int:
+        """These requests are in the engine's batch without drafting this step: keep them fresh.
+        Returns how many of them are tracked."""
+        if not req_ids:
+            return 0
+        slots, _ = self._ledger.lookup(req_ids, create=False)
+        known = slots[slots >= 0]
+        self._ledger["last_step"][known] = self.step_count
+        return len(known)
 
     def finish(self, req_id: ReqId, why: str = "finished") -> bool:
         """Free `req_id`'s state in the proposer and the policy, once; unknown ids are ignored."""

@@ -29,12 +29,12 @@ imports it, inside an engine.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Iterable
 
 import numpy as np
 import torch
 from vllm import _custom_ops as ops
-from vllm.logger import init_logger
 from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
 from vllm.model_executor.models.qwen3_dspark import Qwen3DSparkForCausalLM
 
@@ -46,7 +46,7 @@ from spec_plugins.registry import create_policy
 from spec_plugins.vllm import plugin
 from spec_plugins.vllm.settings import SECTION, settings_from_additional_config
 
-logger = init_logger(__name__)
+logger = logging.getLogger(__name__)
 
 _grouped_exact: bool | None = None
 
@@ -110,8 +110,9 @@ class BlockDraftHooks(plugin.BlockDrafter):
         _check_draft_against_target(self.config, vllm_config, who)
         if len(self.model.layers) > 1 and not grouped_rms_norm_is_exact():
             _norm_context_k_per_layer(self.model)
-            logger.info("spec-plugins: %s: context K-norm applied per layer (this build's grouped rms_norm "
-                        "applies layer 0's weight to every layer)", who)
+            # A warning, not info: it names an engine defect the user's other DFlash drafts meet too.
+            logger.warning("spec-plugins: %s: context K-norm applied per layer (this vLLM build's grouped rms_norm "
+                           "applies layer 0's weight to every layer)", who)
 
 
 class DFlashDraft(DFlashQwen3ForCausalLM, BlockDraftHooks):
@@ -156,8 +157,9 @@ class DSparkDraft(Qwen3DSparkForCausalLM, BlockDraftHooks):
         # Our heads in place of vLLM's: same tensor names (markov_head.markov_w1 / markov_w2 / gate_proj /
         # joint_proj, confidence_head.proj), every head type, and the reference engine's arithmetic.
         inner.markov_head = MarkovHead(cfg.vocab_size, rank, cfg.hidden_size, head_type) if rank > 0 else None
-        if getattr(cfg, "enable_confidence_head", False):
-            with_markov = bool(getattr(cfg, "confidence_head_with_markov", False))
+        # Absent fields take speculators' defaults, as our loader does (vLLM's own class defaults to off).
+        if getattr(cfg, "enable_confidence_head", True):
+            with_markov = bool(getattr(cfg, "confidence_head_with_markov", True)) and rank > 0
             inner.confidence_head = ConfidenceHead(cfg.hidden_size, rank if with_markov else 0)
         self.draft_topk = getattr(cfg, "dspark_draft_topk", None)
         self._rank = rank
@@ -230,6 +232,7 @@ class DraftPolicy(plugin.RequestIdAware):
         self.given = EngineDrafts()
         self.layer = DraftingLayer(self.given, policy, who="draft model 'dspark'")
         self.layer.bind_model(hf_config.to_dict(), source="vLLM model_config.hf_config")
+        self._warned_async = False
 
     def finish(self, req_id: Any, why: str = "finished") -> None:
         self.layer.finish(req_id, why)
@@ -237,6 +240,14 @@ class DraftPolicy(plugin.RequestIdAware):
     def after_propose(self, runner: Any, sampled_token_ids: Any, drafts: Any) -> Any:
         """vLLM's [B, K] draft tensor -> per-request lists cut to the policy's lengths."""
         if not torch.is_tensor(drafts) or drafts.numel() == 0 or self.row_req_ids is None:
+            return drafts
+        if getattr(runner, "use_async_scheduling", False):
+            # With async scheduling the runner keeps the [B, K] tensor on the device and reads it back
+            # later; per-request lists are only taken on the synchronous path.
+            if not self._warned_async:
+                self._warned_async = True
+                logger.warning("spec-plugins: async scheduling is on, so the spec_plugins policy does not cut DSpark "
+                               "drafts (--no-async-scheduling lets it)")
             return drafts
         n, k = drafts.shape
         ids = list(self.row_req_ids[:n])
