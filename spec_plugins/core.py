@@ -116,6 +116,15 @@ class DraftBatch:
             return self.contexts[i]
         return self.contexts[self.rows[i], : self.context_lens[i]]
 
+    @classmethod
+    def from_requests(cls, requests: Sequence["DraftRequest"]) -> "DraftBatch":
+        """The step of per-request DraftRequests as one batch (their token sequences, no features)."""
+        n = len(requests)
+        return cls([r.req_id for r in requests], [r.tokens for r in requests],
+                   np.fromiter((len(r.tokens) for r in requests), dtype=np.int64, count=n),
+                   np.fromiter((r.num_new for r in requests), dtype=np.int64, count=n),
+                   np.fromiter((r.max_draft for r in requests), dtype=np.int64, count=n))
+
     def requests(self) -> list[DraftRequest]:
         """The same step as DraftRequests, for proposers and policies without a batched path."""
         feats = self.features

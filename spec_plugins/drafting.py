@@ -294,14 +294,8 @@ class EngineDrafts:
         return drafts.truncated(np.minimum(drafts.lengths, batch.max_draft))
 
     def propose(self, requests: Sequence[DraftRequest]) -> list:
-        return self.propose_batch(_as_batch(requests)).drafts()
+        return self.propose_batch(DraftBatch.from_requests(requests)).drafts()
 
     def finish(self, req_id: ReqId) -> None:
         pass  # the engine's draft model holds no per-request state of ours
 
-
-def _as_batch(requests: Sequence[DraftRequest]) -> DraftBatch:
-    return DraftBatch([r.req_id for r in requests], [r.tokens for r in requests],
-                      np.array([len(r.tokens) for r in requests], dtype=np.int64),
-                      np.array([r.num_new for r in requests], dtype=np.int64),
-                      np.array([r.max_draft for r in requests], dtype=np.int64))

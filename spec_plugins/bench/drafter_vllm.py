@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-DEFAULT_WORKLOADS = "benchmarks/workloads/spec_bench_smollm2.jsonl,benchmarks/workloads/code_completion.jsonl"
+from spec_plugins.bench.drafter_acceptance import DEFAULT_WORKLOADS, load_rows, proposer_makers
 
 
 def block_k(ckpt: str) -> int:
@@ -56,32 +56,24 @@ def configurations(args: argparse.Namespace) -> dict[str, tuple[dict | None, dic
     return out
 
 
-def reference_acceptance(target: str, ckpts: dict[str, tuple[str, int]], prompts: list[list[int]], max_new: int,
+def reference_acceptance(args: argparse.Namespace, ks: dict[str, int], prompts: list[list[int]],
                          eos: int | None) -> dict[str, dict]:
-    """Acceptance and outputs of the same drafters in the reference engine (fresh proposer per prompt)."""
+    """Acceptance and outputs of the same drafters in the reference engine (fresh proposer per prompt),
+    built by `drafter_acceptance.proposer_makers` from args.dflash / args.dspark."""
     import torch
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM
 
-    from spec_plugins.proposers.dflash import DFlashProposer, load_dflash
-    from spec_plugins.proposers.dspark import DSparkProposer
-    from spec_plugins.proposers.dspark.loader import load_dspark
     from spec_plugins.reference import HFTarget, generate
 
-    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
-    layers = model.config.num_hidden_layers
+    model = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
+    makers = proposer_makers(args, model)
     out = {}
-    for kind, (ckpt, k) in ckpts.items():
+    for kind, k in ks.items():
         steps, outputs = [], []
         for ids in tqdm(prompts, desc=f"reference / {kind}", file=sys.stderr):
-            if kind == "dflash":
-                proposer = DFlashProposer(load_dflash(ckpt, num_target_layers=layers).float())
-            else:
-                m, markov, conf = load_dspark(ckpt, num_target_layers=layers)
-                proposer = DSparkProposer(m.float(), markov, conf)
-            proposer.load(model)
             with torch.inference_mode():
-                res = generate(HFTarget(model), proposer, ids, max_new, max_draft=k, eos_token_id=eos)
+                res = generate(HFTarget(model), makers[kind](), ids, args.max_new, max_draft=k, eos_token_id=eos)
             steps.extend(s.accepted + 1 for s in res.steps[1:])
             outputs.append(res.tokens)
         out[kind] = {"acceptance_length": sum(steps) / max(1, len(steps)), "outputs": outputs}
@@ -107,7 +99,6 @@ def main(argv: list[str] | None = None) -> None:
     from rich.table import Table
     from transformers import AutoTokenizer
 
-    from spec_plugins.bench.drafter_acceptance import load_rows
     from spec_plugins.bench.vllm_run import CPU_ENV_DEFAULTS, EngineRun, run_side_by_side
     from spec_plugins.models import prompt_ids
 
@@ -137,9 +128,9 @@ def main(argv: list[str] | None = None) -> None:
                       "draft_tokens": res.num_draft_tokens, "accepted": res.num_accepted_tokens,
                       "identical_to_none": res.token_ids == none.token_ids}
     if args.reference:
-        ckpts = {kind: (getattr(args, kind), configs[kind][2]) for kind in ("dflash", "dspark") if getattr(args, kind)}
+        ks = {kind: configs[kind][2] for kind in ("dflash", "dspark") if getattr(args, kind)}
         prompts = [p for g in groups.values() for p in g]
-        ref = reference_acceptance(args.target, ckpts, prompts, args.max_new, tokenizer.eos_token_id)
+        ref = reference_acceptance(args, ks, prompts, tokenizer.eos_token_id)
         for kind, r in ref.items():
             rows[kind]["reference_acceptance_length"] = r["acceptance_length"]
             rows[kind]["reference_output_identical"] = r["outputs"] == none.token_ids

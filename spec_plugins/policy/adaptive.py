@@ -198,7 +198,7 @@ class AdaptiveLength:
         return [r.max_draft for r in requests]
 
     def trim(self, requests: Sequence[DraftRequest], drafts: Sequence[Draft]) -> list[int]:
-        return self.trim_batch(_as_batch(requests), BatchDrafts.from_drafts(drafts)).tolist()
+        return self.trim_batch(DraftBatch.from_requests(requests), BatchDrafts.from_drafts(drafts)).tolist()
 
     def survival(self, req_id: Hashable, draft: Draft) -> np.ndarray:
         """Prefix survival of each drafted position of `draft`."""
@@ -231,11 +231,3 @@ def _dense(flat: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, width: in
         mask = j < lengths[:, None]
         out[mask] = flat[(offsets[:-1, None] + j)[mask]]
     return out
-
-
-def _as_batch(requests: Sequence[DraftRequest]) -> DraftBatch:
-    n = len(requests)
-    return DraftBatch([r.req_id for r in requests], [r.tokens for r in requests],
-                      np.fromiter((len(r.tokens) for r in requests), dtype=np.int64, count=n),
-                      np.fromiter((r.num_new for r in requests), dtype=np.int64, count=n),
-                      np.fromiter((r.max_draft for r in requests), dtype=np.int64, count=n))

@@ -272,16 +272,12 @@ class DraftPolicy(plugin.RequestIdAware):
 
 
 def _policy_hook(vllm_config: Any, model: DSparkDraft) -> DraftPolicy | None:
-    section = (vllm_config.additional_config or {}).get(SECTION) if isinstance(vllm_config.additional_config, dict) \
-        else None
-    if not section:
-        return None
-    if isinstance(section, dict) and "proposer" in section:
+    settings = settings_from_additional_config(vllm_config.additional_config)
+    if "proposer" in settings.model_fields_set:
         raise ValueError(f"additional_config.{SECTION}.proposer: the DSpark checkpoint drafts under method 'dflash'; "
                          "name only a policy here (policy, policy_options)")
-    settings = settings_from_additional_config(vllm_config.additional_config)
     if settings.policy == "fixed" and not settings.policy_options:
-        return None
+        return None  # vLLM's own draft length is already the fixed policy
     try:
         policy = create_policy(settings.policy, settings.policy_options)
     except ValueError as exc:  # registry errors start with the field
