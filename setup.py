@@ -16,12 +16,14 @@ setup(
         Pybind11Extension(
             "spec_plugins.policy._walk",
             ["spec_plugins/policy/_walk.cpp"],
+            depends=["spec_plugins/policy/numeric.hpp"],
             cxx_std=17,
             extra_compile_args=["-O3"],
         ),
         Pybind11Extension(
             "spec_plugins.policy._observe",
             ["spec_plugins/policy/_observe.cpp"],
+            depends=["spec_plugins/policy/numeric.hpp"],
             cxx_std=17,
             extra_compile_args=["-O3"],
         ),

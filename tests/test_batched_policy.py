@@ -192,3 +192,65 @@ def test_compiled_walk_equals_the_numpy_walk():
             args = (dense, lengths, np.array(context), cost)
             assert np.array_equal(allocate_batch(*args, **kwargs), allocate_batch(*args, **kwargs, compiled=False)), \
                 (name, trial, kwargs)
+
+
+def observe_in_pieces(policy, req_ids, drafted, accepted):
+    """AdaptiveLength.observe_batch as separate compiled updates: the history's, then the calibrator's on
+    the drafts whose kept confidences are due (what observe_step does in one call)."""
+    from spec_plugins.policy import _observe
+
+    policy.history.observe_batch(req_ids, drafted, accepted)
+    cols = policy.requests
+    slots, _ = cols.lookup(req_ids, create=False)
+    due = (cols["kept_len"][slots] == drafted) & (drafted > 0)
+    cols["kept_len"][slots] = -1
+    if due.any():
+        idx, d, a = slots[due], drafted[due], accepted[due]
+        cal = policy.calibrator
+        _observe.calibrated_observe(cal.trials, cal.successes, cal.prior_weight, cal.decay,
+                                    cols["kept"][idx, : int(d.max())], d, a, cols["fit_ok"], cols["fit_predicted"],
+                                    idx, policy.options.history_decay)
+
+
+@pytest.mark.parametrize("name,cost", list(costs())[1:], ids=lambda x: x if isinstance(x, str) else "")
+def test_one_call_trim_and_observe_equal_the_compiled_pieces(name, cost, monkeypatch):
+    """One compiled call per trim (policy/_walk.cpp trim_step) and per observe (_observe.cpp observe_step)
+    against the separate compiled pieces (calibrated_survival, the allocator's walk, history_observe,
+    calibrated_observe) over steps of churn: the same lengths and, bit for bit, the same state (kept
+    confidences, fits, history, calibrator, long-run rate)."""
+    from spec_plugins.core import BatchDrafts, DraftBatch
+    from spec_plugins.policy import adaptive
+
+    rng = np.random.default_rng(17)
+    options = [{}, {"search": "greedy"}, {"min_gain": 0.01, "max_draft_tokens_per_step": 40},
+               {"objective": "per_step", "request_correction": 0.0}, {"confidence": "off"}]
+    for opts in options:
+        fast, slow = AdaptiveLength(cost=cost, **opts), AdaptiveLength(cost=cost, **opts)
+        live = [f"r{i}" for i in range(12)]
+        for step in range(60):
+            if rng.random() < 0.2:
+                gone = live.pop(int(rng.integers(0, len(live))))
+                fast.finish(gone)
+                slow.finish(gone)
+                live.append(f"n{step}")
+            n = len(live)
+            lengths = rng.integers(0, 17, size=n)
+            offsets = np.concatenate(([0], np.cumsum(lengths)))
+            conf = rng.beta(3, 1, size=int(offsets[-1]))
+            drafts = BatchDrafts(np.zeros(int(offsets[-1]), dtype=np.int64), offsets, conf)
+            batch = DraftBatch(live, [[1]] * n, rng.integers(1, 5000, size=n), np.ones(n, dtype=np.int64),
+                               np.full(n, 16))
+            got = fast.trim_batch(batch, drafts)
+            monkeypatch.setattr(adaptive, "_compiled_curves", lambda *a: None)  # the pieces, each compiled
+            want = slow.trim_batch(batch, drafts)
+            monkeypatch.undo()
+            assert got.tolist() == want.tolist(), (opts, step)
+            assert (fast._tau, fast._time) == (slow._tau, slow._time), (opts, step)
+            accepted = np.array([rng.integers(0, k + 1) for k in got])
+            fast.observe_batch(live, got, accepted)
+            observe_in_pieces(slow, live, got, accepted)
+        for col in ("kept", "kept_len", "fit_ok", "fit_predicted", "trials", "successes"):
+            np.testing.assert_array_equal(fast.requests[col], slow.requests[col], err_msg=str((opts, col)))
+        np.testing.assert_array_equal(fast.calibrator.trials, slow.calibrator.trials)
+        np.testing.assert_array_equal(fast.calibrator.successes, slow.calibrator.successes)
+        np.testing.assert_array_equal(fast.history.pooled_trials, slow.history.pooled_trials)

@@ -5,16 +5,20 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include "numeric.hpp"
+
 #include <algorithm>
 #include <cstdint>
 #include <string>
 
 namespace py = pybind11;
+using spec_plugins_policy::numpy_sum;
 
 namespace {
 
 using f64 = py::array_t<double, py::array::c_style>;
 using i64 = py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>;
+using i64_out = py::array_t<std::int64_t, py::array::c_style>;  // written in place: no converted copy
 
 void check_outcome(std::int64_t drafted, std::int64_t accepted) {
   if (accepted < 0 || accepted > drafted)
@@ -25,6 +29,21 @@ void check_outcome(std::int64_t drafted, std::int64_t accepted) {
 double* data(f64& a, const char* what, py::ssize_t size) {
   if (a.size() != size) throw py::value_error(std::string(what) + ": wrong size");
   return a.mutable_data();
+}
+
+// One verified draft into the history: decay everything, then count what it tried and got accepted.
+void history_update(double* pt, double* ps, double* t, double* s, py::ssize_t p, std::int64_t drafted,
+                    std::int64_t accepted, double decay, double pooled_decay) {
+  const std::int64_t tried = std::min<std::int64_t>(std::min(accepted + 1, drafted), p);
+  const std::int64_t ok = std::min<std::int64_t>(accepted, p);
+  for (py::ssize_t j = 0; j < p; ++j) {
+    pt[j] *= pooled_decay;
+    ps[j] *= pooled_decay;
+    t[j] *= decay;
+    s[j] *= decay;
+  }
+  for (std::int64_t j = 0; j < tried; ++j) pt[j] += 1.0, t[j] += 1.0;
+  for (std::int64_t j = 0; j < ok; ++j) ps[j] += 1.0, s[j] += 1.0;
 }
 
 // HistoryEstimator: pooled counts [P], per-request counts [S, P] at `slots`.
@@ -46,50 +65,36 @@ void history_observe(f64 pooled_trials, f64 pooled_successes, f64 trials, f64 su
     check_outcome(d[i], a[i]);
     if (sl[i] < 0 || sl[i] >= trials.shape(0)) throw py::value_error("history: slot out of range");
   }
-  for (py::ssize_t i = 0; i < m; ++i) {
-    if (d[i] <= 0) continue;
-    const std::int64_t tried = std::min<std::int64_t>(std::min(a[i] + 1, d[i]), p), ok = std::min<std::int64_t>(a[i], p);
-    double* t = rt + sl[i] * p;
-    double* s = rs + sl[i] * p;
-    for (py::ssize_t j = 0; j < p; ++j) {
-      pt[j] *= pooled_decay;
-      ps[j] *= pooled_decay;
-      t[j] *= decay;
-      s[j] *= decay;
-    }
-    for (std::int64_t j = 0; j < tried; ++j) pt[j] += 1.0, t[j] += 1.0;
-    for (std::int64_t j = 0; j < ok; ++j) ps[j] += 1.0, s[j] += 1.0;
+  for (py::ssize_t i = 0; i < m; ++i)
+    if (d[i] > 0) history_update(pt, ps, rt + sl[i] * p, rs + sl[i] * p, p, d[i], a[i], decay, pooled_decay);
+}
+
+// The adaptive policy's learning from one verified draft's kept confidences c[0..n): its predicted
+// accepted count under the calibration so far, the request's decayed (accepted, predicted) fit, then the
+// calibrator's own update.
+void calibrated_update(double* ct, double* cs, py::ssize_t bins, double prior_weight, double cal_decay,
+                       const double* c, std::int64_t n, std::int64_t accepted, double& fit_ok,
+                       double& fit_predicted, double fit_decay) {
+  double calibrated[4096];
+  std::int64_t cell[4096];
+  const std::int64_t tried = std::min(accepted + 1, n);
+  for (std::int64_t j = 0; j < n; ++j) {
+    const double x = spec_plugins_policy::clip01(c[j]);
+    cell[j] = spec_plugins_policy::calibration_cell(j, x, bins);
+    calibrated[j] = spec_plugins_policy::calibrated(ct, cs, cell[j], prior_weight, x);
   }
-}
-
-// numpy's sum of a short contiguous float64 array (pairwise_sum below 128 elements), so a predicted
-// count here equals np.sum of the same values.
-double numpy_sum(const double* x, std::int64_t n) {
-  if (n < 8) {
-    double r = 0.0;
-    for (std::int64_t i = 0; i < n; ++i) r += x[i];
-    return r;
+  const double predicted = numpy_sum(calibrated, tried);
+  fit_ok = fit_decay * fit_ok + double(accepted);
+  fit_predicted = fit_decay * fit_predicted + predicted;
+  for (py::ssize_t k = 0; k < 5 * bins; ++k) {
+    ct[k] *= cal_decay;
+    cs[k] *= cal_decay;
   }
-  double r[8];
-  for (int k = 0; k < 8; ++k) r[k] = x[k];
-  std::int64_t i = 8;
-  for (; i < n - (n % 8); i += 8)
-    for (int k = 0; k < 8; ++k) r[k] += x[i + k];
-  double res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
-  for (; i < n; ++i) res += x[i];
-  return res;
+  for (std::int64_t j = 0; j < tried; ++j) ct[cell[j]] += 1.0;
+  for (std::int64_t j = 0; j < accepted; ++j) cs[cell[j]] += 1.0;
 }
 
-int bucket(std::int64_t j) {  // acceptance.position_bucket: 0, 1, 2-3, 4-7, 8+
-  if (j == 0) return 0;
-  int b = 1;
-  while (b < 4 && (std::int64_t(1) << b) <= j) ++b;
-  return b;
-}
-
-// The adaptive policy's learning from kept confidences: for each verified draft in order, its predicted
-// accepted count under the calibration so far, the request's decayed (accepted, predicted) fit, then
-// the calibrator's own update.
+// For each verified draft in order: calibrated_update (confidence [m, w], row i's first drafted[i]).
 void calibrated_observe(f64 cal_trials, f64 cal_successes, double prior_weight, double cal_decay, f64 confidence,
                         i64 drafted, i64 accepted, f64 fit_ok, f64 fit_predicted, i64 slots, double fit_decay) {
   if (cal_trials.ndim() != 2 || cal_trials.shape(0) != 5) throw py::value_error("calibrator: expected [5, bins]");
@@ -111,27 +116,54 @@ void calibrated_observe(f64 cal_trials, f64 cal_successes, double prior_weight, 
     if (sl[i] < 0 || sl[i] >= fit_ok.size() || fit_predicted.size() != fit_ok.size())
       throw py::value_error("calibrator: slot out of range");
   }
-  double calibrated[4096];
-  std::int64_t cell[4096];
+  for (py::ssize_t i = 0; i < m; ++i)
+    calibrated_update(ct, cs, bins, prior_weight, cal_decay, conf + i * w, d[i], a[i], fo[sl[i]], fp[sl[i]], fit_decay);
+}
+
+// One AdaptiveLength.observe_batch (adaptive.py) in one call. Per request (slots: its row in the policy's
+// columns), in order: the history learns every draft of > 0 tokens; the calibrator and the request's fit
+// learn from the draft whose kept confidences were stored at trim (kept_len equal to what was drafted);
+// every request's stored draft is then used up (kept_len -1). Everything is checked before anything changes.
+void observe_step(i64 slots, i64 drafted, i64 accepted, f64 pooled_trials, f64 pooled_successes, f64 trials,
+                  f64 successes, double decay, double pooled_decay, f64 kept, i64_out kept_len, f64 cal_trials,
+                  f64 cal_successes, double prior_weight, double cal_decay, f64 fit_ok, f64 fit_predicted,
+                  double fit_decay) {
+  const py::ssize_t m = slots.size();
+  if (drafted.size() != m || accepted.size() != m) throw py::value_error("observe: one outcome per slot");
+  const py::ssize_t p = pooled_trials.size(), capacity = trials.shape(0);
+  double* pt = data(pooled_trials, "pooled_trials", p);
+  double* ps = data(pooled_successes, "pooled_successes", p);
+  if (trials.ndim() != 2 || trials.shape(1) != p) throw py::value_error("trials: expected [slots, positions]");
+  double* rt = data(trials, "trials", trials.size());
+  double* rs = data(successes, "successes", trials.size());
+  if (kept.ndim() != 2 || kept.shape(0) != capacity || kept_len.size() != capacity || fit_ok.size() != capacity ||
+      fit_predicted.size() != capacity || !kept_len.writeable())
+    throw py::value_error("observe: per-request columns of different sizes, or read-only");
+  if (cal_trials.ndim() != 2 || cal_trials.shape(0) != 5) throw py::value_error("calibrator: expected [5, bins]");
+  const py::ssize_t bins = cal_trials.shape(1), positions = kept.shape(1);
+  double* ct = data(cal_trials, "cal_trials", 5 * bins);
+  double* cs = data(cal_successes, "cal_successes", 5 * bins);
+  double* k = data(kept, "kept", kept.size());
+  std::int64_t* kl = kept_len.mutable_data();
+  double* fo = data(fit_ok, "fit_ok", capacity);
+  double* fp = data(fit_predicted, "fit_predicted", capacity);
+  const std::int64_t* sl = slots.data();
+  const std::int64_t* d = drafted.data();
+  const std::int64_t* a = accepted.data();
   for (py::ssize_t i = 0; i < m; ++i) {
-    const std::int64_t n = d[i];
-    const double* c = conf + i * w;
-    const std::int64_t tried = std::min(a[i] + 1, n);
-    for (std::int64_t j = 0; j < n; ++j) {
-      const double x = std::min(1.0, std::max(0.0, c[j]));
-      const std::int64_t b = std::min<std::int64_t>(std::int64_t(x * double(bins)), bins - 1);
-      cell[j] = bucket(j) * bins + b;
-      calibrated[j] = (cs[cell[j]] + prior_weight * x) / (ct[cell[j]] + prior_weight);
+    if (sl[i] < 0 || sl[i] >= capacity) throw py::value_error("observe: slot out of range");
+    if (d[i] > 0) check_outcome(d[i], a[i]);
+  }
+  for (py::ssize_t i = 0; i < m; ++i) {
+    if (d[i] <= 0) {
+      kl[sl[i]] = -1;
+      continue;
     }
-    const double predicted = numpy_sum(calibrated, tried);
-    fo[sl[i]] = fit_decay * fo[sl[i]] + double(a[i]);
-    fp[sl[i]] = fit_decay * fp[sl[i]] + predicted;
-    for (py::ssize_t k = 0; k < 5 * bins; ++k) {
-      ct[k] *= cal_decay;
-      cs[k] *= cal_decay;
-    }
-    for (std::int64_t j = 0; j < tried; ++j) ct[cell[j]] += 1.0;
-    for (std::int64_t j = 0; j < a[i]; ++j) cs[cell[j]] += 1.0;
+    history_update(pt, ps, rt + sl[i] * p, rs + sl[i] * p, p, d[i], a[i], decay, pooled_decay);
+    if (kl[sl[i]] == d[i] && d[i] <= positions && d[i] <= 4096)
+      calibrated_update(ct, cs, bins, prior_weight, cal_decay, k + sl[i] * positions, d[i], a[i], fo[sl[i]],
+                        fp[sl[i]], fit_decay);
+    kl[sl[i]] = -1;
   }
 }
 
@@ -145,4 +177,5 @@ PYBIND11_MODULE(_observe, m) {
   m.def("calibrated_observe", &calibrated_observe, py::arg("cal_trials"), py::arg("cal_successes"),
         py::arg("prior_weight"), py::arg("cal_decay"), py::arg("confidence"), py::arg("drafted"),
         py::arg("accepted"), py::arg("fit_ok"), py::arg("fit_predicted"), py::arg("slots"), py::arg("fit_decay"));
+  m.def("observe_step", &observe_step);
 }

@@ -5,6 +5,8 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include "numeric.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -14,6 +16,10 @@
 #include <vector>
 
 namespace py = pybind11;
+using spec_plugins_policy::calibrated;
+using spec_plugins_policy::calibration_cell;
+using spec_plugins_policy::clip01;
+using spec_plugins_policy::numpy_sum;
 
 namespace {
 
@@ -63,85 +69,118 @@ std::vector<std::int32_t> descending_stable(const std::vector<double>& gain) {
   return idx;
 }
 
-i64 walk(f64 survival, i64 lengths_in, double sunk, bool greedy, double min_gain, py::object rate_obj,
-         long long budget, f64 curve_in, py::object attention_obj) {
-  if (survival.ndim() != 2) throw py::value_error("allocate: survival must be a 2-D array");
-  const py::ssize_t n = survival.shape(0), width = survival.shape(1);
-  if (lengths_in.ndim() != 1 || lengths_in.shape(0) != n) throw py::value_error("allocate: one length per request");
-  auto S = survival.unchecked<2>();
-  auto L = lengths_in.unchecked<1>();
-  auto C = curve_in.unchecked<1>();
-  const bool has_rate = !rate_obj.is_none();
-  const double rate = has_rate ? rate_obj.cast<double>() : 0.0;
-  const bool has_attention = !attention_obj.is_none();
-  Attention att{};
-  i64 context;
-  const std::int64_t* ctx = nullptr;
-  if (has_attention) {
-    py::tuple t = attention_obj.cast<py::tuple>();
-    att = Attention{t[0].cast<double>(), t[1].cast<double>(), t[2].cast<double>(), t[3].cast<double>(),
-                    t[4].cast<double>(), t[5].cast<double>(), t[6].cast<std::int64_t>(), t[7].cast<std::int64_t>()};
-    context = t[8].cast<i64>();
-    if (context.ndim() != 1 || context.shape(0) != n) throw py::value_error("allocate: one context length per request");
-    ctx = context.data();
-  }
+// Attention parameters (RooflineCost.attention_params) from Python, or none (a measured profile's curve
+// includes attention).
+bool read_attention(const py::object& obj, Attention& att, i64& context, py::ssize_t n) {
+  if (obj.is_none()) return false;
+  py::tuple t = obj.cast<py::tuple>();
+  att = Attention{t[0].cast<double>(), t[1].cast<double>(), t[2].cast<double>(), t[3].cast<double>(),
+                  t[4].cast<double>(), t[5].cast<double>(), t[6].cast<std::int64_t>(), t[7].cast<std::int64_t>()};
+  context = t[8].cast<i64>();
+  if (context.ndim() != 1 || context.shape(0) != n) throw py::value_error("allocate: one context length per request");
+  return true;
+}
+
+struct Search {
+  double sunk;       // seconds paid whatever is kept: overhead + drafting
+  bool greedy;       // stop at the first non-improvement
+  double min_gain;   // relative margin a longer allocation must beat the best by (global search)
+  bool has_rate;     // maximise tau - rate * time instead of tau / time
+  double rate;
+  long long budget;  // at most this many kept tokens (-1: no limit)
+};
+
+// allocate_batch's walk on a dense survival matrix S [n, width]: writes each request's kept length.
+void walk_into(const double* S, py::ssize_t n, py::ssize_t width, const std::int64_t* L, const Search& q,
+               const double* C, py::ssize_t curve_len, const Attention* att, const std::int64_t* ctx,
+               std::int64_t* out) {
   // Candidates in (request, position) order; a survival that rises along a draft is refused.
   std::vector<std::int32_t> row, pos;
   std::vector<double> gain;
   for (py::ssize_t r = 0; r < n; ++r) {
-    const std::int64_t len = L(r);
+    const std::int64_t len = L[r];
     if (len < 0 || len > width) throw py::value_error("allocate: a draft length exceeds the survival matrix");
+    const double* s = S + r * width;
     for (std::int64_t j = 0; j < len; ++j) {
-      if (j > 0 && S(r, j) - S(r, j - 1) > 1e-12)
+      if (j > 0 && s[j] - s[j - 1] > 1e-12)
         throw py::value_error("allocate: survival of request " + std::to_string(r) +
                               " increases along the draft; expected prefix survival");
-      if (S(r, j) > 0.0) {
+      if (s[j] > 0.0) {
         row.push_back(std::int32_t(r));
         pos.push_back(std::int32_t(j));
-        gain.push_back(S(r, j));
+        gain.push_back(s[j]);
       }
     }
   }
   const std::vector<std::int32_t> order = descending_stable(gain);
   std::size_t m = order.size();
-  if (budget >= 0 && std::size_t(budget) < m) m = std::size_t(budget);
-  if (curve_in.ndim() != 1 || curve_in.shape(0) < py::ssize_t(n + m + 1))
-    throw py::value_error("allocate: the cost curve is shorter than the rows of this step");
+  if (q.budget >= 0 && std::size_t(q.budget) < m) m = std::size_t(q.budget);
+  if (curve_len < py::ssize_t(n + m + 1)) throw py::value_error("allocate: the cost curve is shorter than the rows of this step");
 
   double attn_total = 0.0;
-  if (has_attention)  // Python's sum over the requests' attention at draft 0, in request order
-    for (py::ssize_t r = 0; r < n; ++r) attn_total += att.at(0, ctx[r]);
+  if (att)  // Python's sum over the requests' attention at draft 0, in request order
+    for (py::ssize_t r = 0; r < n; ++r) attn_total += att->at(0, ctx[r]);
   auto theta_at = [&](double tau, double verify) {
-    const double time = sunk + verify;
-    return has_rate ? tau - rate * time : tau / time;
+    const double time = q.sunk + verify;
+    return q.has_rate ? tau - q.rate * time : tau / time;
   };
   double tau = double(n);
-  double best = theta_at(tau, has_attention ? C(n) + attn_total : C(n));
+  double best = theta_at(tau, att ? C[n] + attn_total : C[n]);
   double prev = best;
   std::size_t best_k = 0;
   for (std::size_t k = 1; k <= m; ++k) {
     const std::int32_t c = order[k - 1];
     tau += gain[c];
-    if (has_attention) {
+    if (att) {
       const std::int64_t j = pos[c], length = ctx[row[c]];
       // One more draft row costs attention only when it opens another query tile (else it adds 0.0).
-      if (att.tiles(j + 1) != att.tiles(j)) attn_total += att.at(j + 1, length) - att.at(j, length);
+      if (att->tiles(j + 1) != att->tiles(j)) attn_total += att->at(j + 1, length) - att->at(j, length);
     }
-    const double theta = theta_at(tau, has_attention ? C(n + k) + attn_total : C(n + k));
-    if (greedy) {
+    const double theta = theta_at(tau, att ? C[n + k] + attn_total : C[n + k]);
+    if (q.greedy) {
       if (theta <= prev) break;  // nothing after the first non-improvement is read
       prev = theta;
       best_k = k;
-    } else if (min_gain == 0.0 ? theta > best : theta > best + std::abs(best) * min_gain) {
+    } else if (q.min_gain == 0.0 ? theta > best : theta > best + std::abs(best) * q.min_gain) {
       best = theta;
       best_k = k;
     }
   }
+  std::fill(out, out + n, std::int64_t(0));
+  for (std::size_t k = 0; k < best_k; ++k) out[row[order[k]]] += 1;
+}
+
+i64 walk(f64 survival, i64 lengths_in, double sunk, bool greedy, double min_gain, py::object rate_obj,
+         long long budget, f64 curve_in, py::object attention_obj) {
+  if (survival.ndim() != 2) throw py::value_error("allocate: survival must be a 2-D array");
+  const py::ssize_t n = survival.shape(0), width = survival.shape(1);
+  if (lengths_in.ndim() != 1 || lengths_in.shape(0) != n) throw py::value_error("allocate: one length per request");
+  if (curve_in.ndim() != 1) throw py::value_error("allocate: the cost curve must be 1-D");
+  Attention att{};
+  i64 context;
+  const bool has_attention = read_attention(attention_obj, att, context, n);
+  const Search q{sunk, greedy, min_gain, !rate_obj.is_none(), rate_obj.is_none() ? 0.0 : rate_obj.cast<double>(), budget};
   i64 out(n);
-  auto O = out.mutable_unchecked<1>();
-  for (py::ssize_t r = 0; r < n; ++r) O(r) = 0;
-  for (std::size_t k = 0; k < best_k; ++k) O(row[order[k]]) += 1;
+  walk_into(survival.data(), n, width, lengths_in.data(), q, curve_in.data(), curve_in.shape(0),
+            has_attention ? &att : nullptr, has_attention ? context.data() : nullptr, out.mutable_data());
   return out;
+}
+
+// One draft's prefix survival from its raw confidences x[0..len): calibrated per cell, scaled by the
+// request's correction (when corrected) and clipped, multiplied along the draft. Writes surv[0..len) and,
+// when given, the raw values to raw[0..len).
+void survival_row(const double* x, std::int64_t len, const double* trials, const double* successes,
+                  std::int64_t bins, double prior_weight, bool corrected, double correction, double* surv,
+                  double* raw) {
+  double prod = 1.0;
+  for (std::int64_t j = 0; j < len; ++j) {
+    if (raw) raw[j] = x[j];
+    const double c = clip01(x[j]);
+    double cond = calibrated(trials, successes, calibration_cell(j, c, bins), prior_weight, c);
+    if (corrected) cond = clip01(cond * correction);
+    prod *= clip01(cond);
+    surv[j] = prod;
+  }
 }
 
 // The walk's input from drafts with confidences (AdaptiveLength._survival): each request's first
@@ -173,33 +212,125 @@ py::tuple calibrated_survival(f64 flat, i64 offsets, i64 usable, py::ssize_t wid
   std::fill(cf, cf + n * width, 0.0);
   for (py::ssize_t r = 0; r < n; ++r) {
     if (u[r] < 0 || u[r] > width || o[r] + u[r] > flat.size()) throw py::value_error("survival: a draft outside its confidences");
-    double prod = 1.0;
-    for (std::int64_t j = 0; j < u[r]; ++j) {
-      const double raw = x[o[r] + j];
-      cf[r * width + j] = raw;
-      const double c = std::min(1.0, std::max(0.0, raw));
-      int bucket = 0;
-      if (j > 0) {
-        bucket = 1;
-        while (bucket < 4 && (std::int64_t(1) << bucket) <= j) ++bucket;
-      }
-      const std::int64_t cell = bucket * bins + std::min<std::int64_t>(std::int64_t(c * double(bins)), bins - 1);
-      double cond = (cs[cell] + prior_weight * c) / (ct[cell] + prior_weight);
-      if (corrected) cond = std::min(1.0, std::max(0.0, cond * correction.data()[r]));
-      prod *= std::min(1.0, std::max(0.0, cond));
-      sv[r * width + j] = prod;
-    }
+    survival_row(x + o[r], u[r], ct, cs, bins, prior_weight, corrected, corrected ? correction.data()[r] : 1.0,
+                 sv + r * width, cf + r * width);
   }
   return py::make_tuple(surv, conf);
+}
+
+
+using f64_out = py::array_t<double, py::array::c_style>;
+using i64_out = py::array_t<std::int64_t, py::array::c_style>;
+
+// One AdaptiveLength.trim_batch (adaptive.py) in one call, for a cost model that exposes its curves:
+//   survival  from the drafts' confidences (conf: flat, per token; calibrated by the histogram tables,
+//             scaled by each request's fit (ok + k) / (predicted + k) when k > 0) or, with conf None,
+//             from the history's conditional rates cond [n, >= width];
+//   the walk  (walk_into) over the cost curve and attention;
+//   the store of each request's kept raw confidences and length (kept, kept_len at its slot; -1 without
+//             confidences), which its next observation learns from.
+// Returns (lengths [n], expected tokens of the kept drafts, linear seconds, attention seconds): what the
+// policy's long-run rate adds up. The arithmetic is the numpy path's, operation for operation.
+py::tuple trim_step(py::object conf_obj, i64 offsets, i64 drafted, py::object cond_obj, i64 slots, f64 cal_trials,
+                    f64 cal_successes, double prior_weight, f64 fit_ok, f64 fit_predicted, double correction_k,
+                    f64_out kept, i64_out kept_len, double sunk, bool greedy, double min_gain, py::object rate_obj,
+                    long long budget, f64 curve, py::object attention_obj) {
+  const py::ssize_t n = drafted.size();
+  if (offsets.size() != n + 1 || slots.size() != n) throw py::value_error("trim: one offset (plus one) and slot per draft");
+  if (kept.ndim() != 2 || kept_len.size() != kept.shape(0) || fit_ok.size() != kept.shape(0) ||
+      fit_predicted.size() != kept.shape(0) || !kept.writeable() || !kept_len.writeable())
+    throw py::value_error("trim: per-request columns of different sizes, or read-only");
+  if (curve.ndim() != 1) throw py::value_error("allocate: the cost curve must be 1-D");
+  const py::ssize_t positions = kept.shape(1), capacity = kept.shape(0);
+  const std::int64_t* o = offsets.data();
+  const std::int64_t* d = drafted.data();
+  const std::int64_t* sl = slots.data();
+  std::vector<std::int64_t> usable(n);
+  py::ssize_t width = 0;
+  for (py::ssize_t r = 0; r < n; ++r) {
+    if (d[r] < 0 || o[r + 1] - o[r] != d[r]) throw py::value_error("trim: draft lengths disagree with the offsets");
+    if (sl[r] < 0 || sl[r] >= capacity) throw py::value_error("trim: slot out of range");
+    usable[r] = std::min<std::int64_t>(d[r], positions);
+    width = std::max<py::ssize_t>(width, usable[r]);
+  }
+  std::vector<double> surv(n * width, 0.0);
+  const bool with_conf = !conf_obj.is_none();
+  f64 conf_flat;
+  std::vector<double> raw;
+  if (with_conf) {
+    conf_flat = conf_obj.cast<f64>();
+    if (conf_flat.size() != o[n]) throw py::value_error("trim: one confidence per drafted token");
+    if (cal_trials.ndim() != 2 || cal_trials.shape(0) != 5 || cal_successes.size() != cal_trials.size())
+      throw py::value_error("survival: calibrator tables must be [5, bins]");
+    const py::ssize_t bins = cal_trials.shape(1);
+    const double* ct = cal_trials.data();
+    const double* cs = cal_successes.data();
+    const double* x = conf_flat.data();
+    const double* fo = fit_ok.data();
+    const double* fp = fit_predicted.data();
+    raw.assign(n * width, 0.0);
+    for (py::ssize_t r = 0; r < n; ++r) {
+      const double correction = correction_k > 0 ? (fo[sl[r]] + correction_k) / (fp[sl[r]] + correction_k) : 1.0;
+      survival_row(x + o[r], usable[r], ct, cs, bins, prior_weight, correction_k > 0, correction,
+                   surv.data() + r * width, raw.data() + r * width);
+    }
+  } else {
+    f64 cond = cond_obj.cast<f64>();
+    if (cond.ndim() != 2 || cond.shape(0) != n || cond.shape(1) < width)
+      throw py::value_error("trim: conditional rates must be [drafts, >= positions]");
+    const double* c = cond.data();
+    for (py::ssize_t r = 0; r < n; ++r) {
+      double prod = 1.0;
+      for (py::ssize_t j = 0; j < width; ++j) {
+        prod *= clip01(c[r * cond.shape(1) + j]);
+        surv[r * width + j] = prod;
+      }
+    }
+  }
+  Attention att{};
+  i64 context;
+  const bool has_attention = read_attention(attention_obj, att, context, n);
+  const Search q{sunk, greedy, min_gain, !rate_obj.is_none(), rate_obj.is_none() ? 0.0 : rate_obj.cast<double>(), budget};
+  i64 out(n);
+  std::int64_t* len = out.mutable_data();
+  walk_into(surv.data(), n, width, usable.data(), q, curve.data(), curve.shape(0), has_attention ? &att : nullptr,
+            has_attention ? context.data() : nullptr, len);
+
+  // Expected tokens and modelled time of the kept drafts, summed as the numpy path sums them.
+  std::vector<double> kept_surv(n * width, 0.0);
+  std::int64_t rows = n;
+  for (py::ssize_t r = 0; r < n; ++r) {
+    rows += len[r];
+    for (std::int64_t j = 0; j < len[r]; ++j) kept_surv[r * width + j] = surv[r * width + j];
+  }
+  const double tau = double(n) + numpy_sum(kept_surv.data(), kept_surv.size());
+  double attention = 0.0;
+  if (has_attention)
+    for (py::ssize_t r = 0; r < n; ++r) attention += att.at(len[r], context.data()[r]);
+  if (rows >= curve.shape(0)) throw py::value_error("allocate: the cost curve is shorter than the rows of this step");
+  const double linear = curve.data()[rows];
+
+  double* k = kept.mutable_data();
+  std::int64_t* kl = kept_len.mutable_data();
+  for (py::ssize_t r = 0; r < n; ++r) {
+    if (with_conf) {
+      std::copy(raw.begin() + r * width, raw.begin() + (r + 1) * width, k + sl[r] * positions);
+      kl[sl[r]] = len[r];
+    } else {
+      kl[sl[r]] = -1;
+    }
+  }
+  return py::make_tuple(out, tau, linear, attention);
 }
 
 }  // namespace
 
 PYBIND11_MODULE(_walk, m) {
-  m.doc() = "The adaptive allocator's ranking walk for one step, and its survival input (see allocator.py).";
+  m.doc() = "The adaptive allocator's ranking walk for one step, its survival input, and the whole trim (see allocator.py, adaptive.py).";
   m.def("calibrated_survival", &calibrated_survival, py::arg("flat"), py::arg("offsets"), py::arg("usable"),
         py::arg("width"), py::arg("cal_trials"), py::arg("cal_successes"), py::arg("prior_weight"),
         py::arg("correction"));
+  m.def("trim_step", &trim_step);
   m.def("walk", &walk, py::arg("survival"), py::arg("lengths"), py::arg("sunk"), py::arg("greedy"),
         py::arg("min_gain"), py::arg("rate"), py::arg("budget"), py::arg("curve"), py::arg("attention"));
 }

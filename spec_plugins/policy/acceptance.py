@@ -80,8 +80,14 @@ class HistoryEstimator:
     one array operation (`observe_batch`), and `conditional_batch` reads many requests at once.
     """
 
+    @staticmethod
+    def columns(max_positions: int) -> dict[str, tuple]:
+        """The per-request columns it keeps, for a `RequestSlots` shared with another estimator."""
+        return {"trials": ((max_positions,), np.float64, 0.0), "successes": ((max_positions,), np.float64, 0.0)}
+
     def __init__(self, max_positions: int, *, decay: float = 0.9, request_prior_weight: float = 3.0,
-                 pooled_decay: float = 0.999, pooled_prior: float = 0.5, pooled_prior_weight: float = 2.0) -> None:
+                 pooled_decay: float = 0.999, pooled_prior: float = 0.5, pooled_prior_weight: float = 2.0,
+                 slots: RequestSlots | None = None) -> None:
         self.max_positions = max_positions
         self.decay = decay
         self.request_prior_weight = request_prior_weight
@@ -90,8 +96,8 @@ class HistoryEstimator:
         self.pooled_successes = np.zeros(max_positions)
         self.pooled_prior = np.full(max_positions, pooled_prior)
         self.pooled_prior_weight = pooled_prior_weight
-        self.requests = RequestSlots(trials=((max_positions,), np.float64, 0.0),
-                                     successes=((max_positions,), np.float64, 0.0))
+        # slots: a RequestSlots with `columns(max_positions)` among its own, whose owner also frees them.
+        self.requests = RequestSlots(**self.columns(max_positions)) if slots is None else slots
         self._used = 0  # positions ever tried: the columns past it hold zeros, which decaying leaves as they are
 
     def observe(self, req_id: Hashable, drafted: int, accepted: int) -> None:
@@ -138,9 +144,12 @@ class HistoryEstimator:
     def conditional_batch(self, req_ids: Sequence[Hashable]) -> np.ndarray:
         """[len(req_ids), max_positions]: each request's own rates shrunk to the pooled ones (the pooled
         rates for a request never observed)."""
+        return self.conditional_slots(self.requests.lookup(req_ids, create=False)[0])
+
+    def conditional_slots(self, slots: np.ndarray) -> np.ndarray:
+        """conditional_batch by slot (-1: a request never observed)."""
         pooled = self.pooled_rates()
-        slots, _ = self.requests.lookup(req_ids, create=False)
-        out = np.broadcast_to(pooled, (len(req_ids), self.max_positions)).copy()
+        out = np.broadcast_to(pooled, (len(slots), self.max_positions)).copy()
         seen = slots >= 0
         if seen.any():
             idx = slots[seen]

@@ -28,7 +28,7 @@ import pydantic
 
 from spec_plugins.core import BatchDrafts, Draft, DraftBatch, DraftRequest
 from spec_plugins.policy.acceptance import ConfidenceCalibrator, HistoryEstimator, _observe
-from spec_plugins.policy.allocator import StepCost, _walk, allocate_batch
+from spec_plugins.policy.allocator import StepCost, _compiled_curves, _walk, allocate_batch
 from spec_plugins.policy.cost import step_cost
 from spec_plugins.slots import RequestSlots
 
@@ -64,13 +64,15 @@ class AdaptiveLength:
         opts = self.Options(**options)
         self.options = opts
         self.cost = cost
-        self.history = HistoryEstimator(opts.max_positions, decay=opts.history_decay)
-        self.calibrator = ConfidenceCalibrator()
         p = opts.max_positions
-        # Per request: the raw confidences kept of its last draft (kept_len -1: none), to learn from when
-        # its verification comes back, and its decayed (accepted, predicted) fit.
+        # Per request, one slot for all of its state: the raw confidences kept of its last draft (kept_len
+        # -1: none), to learn from when its verification comes back, its decayed (accepted, predicted)
+        # fit, and its acceptance history.
         self.requests = RequestSlots(kept=((p,), np.float64, 0.0), kept_len=((), np.int64, -1),
-                                     fit_ok=((), np.float64, 0.0), fit_predicted=((), np.float64, 0.0))
+                                     fit_ok=((), np.float64, 0.0), fit_predicted=((), np.float64, 0.0),
+                                     **HistoryEstimator.columns(p))
+        self.history = HistoryEstimator(p, decay=opts.history_decay, slots=self.requests)
+        self.calibrator = ConfidenceCalibrator()
         self._tau = self._time = 0.0  # decayed sums of expected tokens and modelled seconds per step
         if self.cost is None and (opts.hardware is None) == (opts.profile is None):
             raise ValueError("policy_options: expected exactly one of 'hardware' (a GPU profile) or 'profile' "
@@ -109,25 +111,55 @@ class AdaptiveLength:
                              "engine bind its model")
         drafted = drafts.lengths
         slots, _ = self.requests.lookup(batch.req_ids)
-        surv, usable, conf = self._survival(batch.req_ids, slots, drafts)
         search = self.options.search
         if search == "auto":
             search = "global" if drafts.probs is None or all(p is None for p in drafts.probs) else "greedy"
         context = batch.context_lens
-        lengths = allocate_batch(surv, usable, context, self.cost, search=search, drafted=drafted,
-                                 min_gain=self.options.min_gain, rate=self._rate(),
-                                 budget=self.options.max_draft_tokens_per_step)
+        n = len(drafted)
+        curves = None if _walk is None else _compiled_curves(self.cost, n, n + int(drafted.sum()) + 1, context)
+        if curves is not None:  # survival, walk and bookkeeping in one compiled call (policy/_walk.cpp)
+            lengths, tau, linear, attention = self._trim_compiled(slots, drafts, search, context, curves)
+        else:
+            lengths, tau = self._trim_numpy(batch.req_ids, slots, drafts, search, context)
+            linear = attention = None
         # The long-run goodput the allocator weighs tokens against: modelled, over recent steps.
         d = self.options.rate_decay
+        self._tau = d * self._tau + tau
+        if linear is None:
+            step = self.cost.step_time(lengths, context)
+        else:  # step_time's sum, from the parts the walk read off the same curves
+            step = self.cost.overhead_s + linear + attention + self.cost.draft_time(lengths)
+        self._time = d * self._time + step
+        return lengths
+
+    def _trim_compiled(self, slots: np.ndarray, drafts: BatchDrafts, search: str, context: np.ndarray,
+                       curves: tuple) -> tuple:
+        cols, cal, o = self.requests, self.calibrator, self.options
+        with_conf = o.confidence != "off" and drafts.confidence is not None
+        cond = None if with_conf else self.history.conditional_slots(slots)
+        curve, attention = curves
+        return _walk.trim_step(
+            drafts.confidence if with_conf else None, drafts.offsets, drafts.lengths, cond, slots,
+            cal.trials, cal.successes, cal.prior_weight, cols["fit_ok"], cols["fit_predicted"],
+            o.request_correction, cols["kept"], cols["kept_len"],
+            self.cost.overhead_s + self.cost.draft_time(drafts.lengths), search == "greedy", o.min_gain,
+            self._rate(), -1 if o.max_draft_tokens_per_step is None else o.max_draft_tokens_per_step,
+            curve, attention)
+
+    def _trim_numpy(self, req_ids: Sequence[Hashable], slots: np.ndarray, drafts: BatchDrafts, search: str,
+                    context: np.ndarray) -> tuple[np.ndarray, float]:
+        surv, usable, conf = self._survival(req_ids, slots, drafts)
+        lengths = allocate_batch(surv, usable, context, self.cost, search=search, drafted=drafts.lengths,
+                                 min_gain=self.options.min_gain, rate=self._rate(),
+                                 budget=self.options.max_draft_tokens_per_step)
         kept = np.arange(surv.shape[1])[None, :] < lengths[:, None]
-        self._tau = d * self._tau + float(len(lengths) + np.sum(np.where(kept, surv, 0.0)))
-        self._time = d * self._time + self.cost.step_time(lengths, context)
+        tau = float(len(lengths) + np.sum(np.where(kept, surv, 0.0)))
         if conf is None:
             self.requests["kept_len"][slots] = -1
         else:
             self.requests["kept"][slots, : conf.shape[1]] = conf
             self.requests["kept_len"][slots] = lengths
-        return lengths
+        return lengths, tau
 
     def survival_batch(self, req_ids: Sequence[Hashable], drafts: BatchDrafts
                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -167,6 +199,14 @@ class AdaptiveLength:
     def observe_batch(self, req_ids: Sequence[Hashable], drafted: np.ndarray, accepted: np.ndarray) -> None:
         drafted = np.asarray(drafted, dtype=np.int64)
         accepted = np.asarray(accepted, dtype=np.int64)
+        if _observe is not None:  # history, calibrator and fits, one observation at a time, in one call
+            slots, _ = self.requests.lookup(req_ids)
+            cols, cal, hist = self.requests, self.calibrator, self.history
+            _observe.observe_step(slots, drafted, accepted, hist.pooled_trials, hist.pooled_successes,
+                                  cols["trials"], cols["successes"], hist.decay, hist.pooled_decay, cols["kept"],
+                                  cols["kept_len"], cal.trials, cal.successes, cal.prior_weight, cal.decay,
+                                  cols["fit_ok"], cols["fit_predicted"], self.options.history_decay)
+            return
         self.history.observe_batch(req_ids, drafted, accepted)
         slots, _ = self.requests.lookup(req_ids, create=False)
         known = slots >= 0
@@ -179,11 +219,6 @@ class AdaptiveLength:
         d_due, a_due = drafted[due], accepted[due]
         conf = self.requests["kept"][idx, : int(d_due.max())]
         h = self.options.history_decay
-        if _observe is not None:  # one observation at a time, in order, in one call
-            cal = self.calibrator
-            _observe.calibrated_observe(cal.trials, cal.successes, cal.prior_weight, cal.decay, conf, d_due, a_due,
-                                        self.requests["fit_ok"], self.requests["fit_predicted"], idx, h)
-            return
         # Predicted accepted tokens of each verified draft: calibrated confidences of the positions tried.
         tried = np.minimum(a_due + 1, d_due)
         calibrated = self.calibrator.calibrate_dense(conf)
@@ -209,8 +244,7 @@ class AdaptiveLength:
         self.observe_batch([req_id], np.array([drafted]), np.array([accepted]))
 
     def finish(self, req_id: Hashable) -> None:
-        self.history.finish(req_id)
-        self.requests.release(req_id)
+        self.requests.release(req_id)  # the history's columns are among these
 
     def batch_cap(self, batch_size: int) -> int | None:
         """`max_draft_tokens_per_step` is shared by the whole batch and spread unevenly by the allocator, so

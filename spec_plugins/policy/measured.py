@@ -320,7 +320,7 @@ class MeasuredCost:
     def _verify_time(self, draft_lens: Sequence[int], context_lens: Sequence[int]) -> float:
         if len(draft_lens) != len(context_lens):
             raise ValueError(f"step_time: {len(draft_lens)} draft lengths for {len(context_lens)} context lengths")
-        if not draft_lens:
+        if len(draft_lens) == 0:
             return 0.0
         rows = int(np.sum(1 + np.asarray(draft_lens, dtype=np.int64)))
         return self.overhead_s + self.batch_time(len(draft_lens), rows)
