@@ -1,5 +1,5 @@
-"""Builds the compiled cores of the suffix-tree and n-gram proposers and the allocator's walk; everything else is in
-pyproject.toml."""
+"""Builds the compiled cores of the suffix-tree and n-gram proposers, the adaptive policy's step and the drafting
+contract's column checks; everything else is in pyproject.toml."""
 
 from pybind11.setup_helpers import Pybind11Extension, build_ext
 from setuptools import setup
@@ -10,6 +10,12 @@ setup(
             "spec_plugins.proposers.suffix_tree._core",
             ["proposers/suffix_tree/_core.cpp"],
             depends=["proposers/suffix_tree/suffix_tree.hpp", "proposers/worker_pool.hpp"],
+            cxx_std=17,
+            extra_compile_args=["-O3"],
+        ),
+        Pybind11Extension(
+            "spec_plugins._columns",
+            ["spec_plugins/_columns.cpp"],
             cxx_std=17,
             extra_compile_args=["-O3"],
         ),

@@ -16,6 +16,8 @@ from typing import Any, Hashable, Protocol, Sequence, runtime_checkable
 import numpy as np
 import pydantic
 
+from spec_plugins import _columns  # compiled with the package (setup.py)
+
 ReqId = Hashable
 
 
@@ -78,32 +80,22 @@ class DraftBatch:
     features: Sequence[Any] | None = None
 
     def __post_init__(self) -> None:
-        # Checked with a handful of array operations: this is built once per engine step.
+        # Checked in one compiled pass over the columns: this is built once per engine step.
         n = len(self.req_ids)
-        cols = []
         for name in ("context_lens", "num_new", "max_draft"):
             col = np.asarray(getattr(self, name))
             if col.shape != (n,) or (n and col.dtype.kind not in "iu"):
                 raise ValueError(f"DraftBatch.{name}: expected {n} integers, got {col.dtype} of shape {col.shape}")
-            col = col.astype(np.int64, copy=False)
-            setattr(self, name, col)
-            cols.append(col)
-        if n and np.concatenate(cols).min() < 0:
-            name = next(c for c, col in zip(("context_lens", "num_new", "max_draft"), cols) if col.min() < 0)
-            raise ValueError(f"DraftBatch.{name}: expected integers >= 0")
-        if n and (self.num_new > self.context_lens).any():
-            i = int(np.argmax(self.num_new > self.context_lens))
-            raise ValueError(f"DraftBatch.num_new: row {i} has {self.num_new[i]} new tokens in a context of "
-                             f"{self.context_lens[i]}")
+            setattr(self, name, np.ascontiguousarray(col, dtype=np.int64))
+        height = width = 0
         if self.rows is not None:
-            self.rows = np.asarray(self.rows, dtype=np.int64)
+            self.rows = np.ascontiguousarray(self.rows, dtype=np.int64)
             if self.rows.shape != (n,) or getattr(self.contexts, "ndim", 0) != 2:
                 raise ValueError("DraftBatch.rows: expected one row index per request into a 2-D token matrix")
-            rows, (height, width) = self.rows, self.contexts.shape
-            if n and not (0 <= rows.min() and rows.max() < height and self.context_lens.max() <= width):
-                raise ValueError("DraftBatch.rows: a row or a length falls outside the token matrix")
+            height, width = self.contexts.shape
         elif len(self.contexts) != n:
             raise ValueError(f"DraftBatch.contexts: expected {n} sequences, got {len(self.contexts)}")
+        _columns.check_batch(self.context_lens, self.num_new, self.max_draft, self.rows, height, width)
         if self.features is not None and len(self.features) != n:
             raise ValueError(f"DraftBatch.features: expected {n} entries, got {len(self.features)}")
 
@@ -151,12 +143,8 @@ class BatchDrafts:
 
     def __post_init__(self) -> None:
         self.tokens = np.asarray(self.tokens)
-        self.offsets = np.asarray(self.offsets, dtype=np.int64)
-        o = self.offsets
-        self.lengths = o[1:] - o[:-1] if o.ndim == 1 and len(o) else o
-        if o.ndim != 1 or len(o) == 0 or o[0] != 0 or o[-1] != len(self.tokens) \
-                or (len(o) > 1 and self.lengths.min() < 0):
-            raise ValueError("BatchDrafts.offsets: expected 0, non-decreasing, ending at len(tokens)")
+        self.offsets = np.ascontiguousarray(self.offsets, dtype=np.int64)
+        self.lengths = _columns.draft_lengths(self.offsets, len(self.tokens))
         if self.confidence is not None:
             self.confidence = np.asarray(self.confidence, dtype=np.float64)
             if self.confidence.shape != self.tokens.shape:
@@ -170,8 +158,7 @@ class BatchDrafts:
 
     def lists(self) -> list[list[int]]:
         """Each request's draft as a list of Python ints (what vLLM and TensorRT-LLM take)."""
-        flat, o = self.tokens.tolist(), self.offsets.tolist()
-        return [flat[o[i]:o[i + 1]] for i in range(len(o) - 1)]
+        return _columns.draft_lists(np.ascontiguousarray(self.tokens), self.offsets)
 
     def draft(self, i: int) -> Draft:
         a, b = int(self.offsets[i]), int(self.offsets[i + 1])
@@ -201,15 +188,12 @@ class BatchDrafts:
 
     def truncated(self, keep: np.ndarray) -> "BatchDrafts":
         """The first keep[i] tokens of each draft (never more than it has)."""
-        keep = np.minimum(np.asarray(keep, dtype=np.int64), self.lengths)
-        if np.array_equal(keep, self.lengths):
+        cut = _columns.cut_drafts(self.offsets, np.ascontiguousarray(keep, dtype=np.int64))
+        if cut is None:
             return self
-        starts = self.offsets[:-1]
-        offsets = np.zeros_like(self.offsets)
-        np.cumsum(keep, out=offsets[1:])
-        index = np.repeat(starts - offsets[:-1], keep) + np.arange(offsets[-1])
+        index, offsets = cut
         probs = None if self.probs is None else [
-            None if p is None else p[:k] for p, k in zip(self.probs, keep.tolist())]
+            None if p is None else p[: b - a] for p, a, b in zip(self.probs, offsets[:-1].tolist(), offsets[1:].tolist())]
         return BatchDrafts(self.tokens[index], offsets,
                            None if self.confidence is None else self.confidence[index], probs)
 

@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from spec_plugins import _columns
 from spec_plugins.core import (
     BatchDrafts, BatchPolicy, BatchProposer, BindsModel, DraftBatch, DraftLengthPolicy, DraftRequest, HasStats,
     LoadsTarget, Proposer, ReqId, TrimsDrafts, apply_policy, check_cap, check_drafts,
@@ -135,16 +136,12 @@ class DraftingLayer:
             raise ValueError(f"{self.who}: a request id appears twice in one step")
         ledger = self._ledger
         slots, new = ledger.lookup(req_ids)
-        ledger["last_step"][slots] = self.step_count
         if accepted is not None:
-            self._observe(slots, req_ids, np.asarray(accepted, dtype=np.int64))
-        if num_new is None:
-            grown = lens - ledger["seen_len"][slots]
-        else:
-            grown = np.asarray(num_new, dtype=np.int64)
+            self._observe(slots, req_ids, np.ascontiguousarray(accepted, dtype=np.int64))
         # First sight, or a context that shrank (recomputed): the whole context is new.
-        grown = np.where(new | (grown < 0) | (grown > lens), lens, grown)
-        ledger["seen_len"][slots] = lens
+        grown = _columns.ledger_seen(slots, new, self.step_count, np.ascontiguousarray(lens),
+                                     None if num_new is None else np.ascontiguousarray(num_new, dtype=np.int64),
+                                     ledger["last_step"], ledger["seen_len"])
         if len(ledger) > n + self.touch(present):  # some tracked request is absent from this step
             self.sweep()
         caps = np.asarray(max_draft, dtype=np.int64)
@@ -164,11 +161,12 @@ class DraftingLayer:
     def verified(self, req_ids: Sequence[ReqId], accepted: Sequence[int] | np.ndarray) -> None:
         """Report verification results now (an engine that knows them right after its forward)."""
         slots, _ = self._ledger.lookup(req_ids, create=False)
+        accepted = np.ascontiguousarray(accepted, dtype=np.int64)
         known = slots >= 0
         if not known.all():
             req_ids = [r for r, k in zip(req_ids, known) if k]
-            slots, accepted = slots[known], np.asarray(accepted, dtype=np.int64)[known]
-        self._observe(slots, req_ids, np.asarray(accepted, dtype=np.int64))
+            slots, accepted = slots[known], accepted[known]
+        self._observe(slots, req_ids, accepted)
 
     def touch(self, req_ids: Sequence[ReqId]) -> int:
         """These requests are in the engine's batch without drafting this step: keep them fresh.
@@ -209,19 +207,16 @@ class DraftingLayer:
     # ---- internals --------------------------------------------------------------------------------
 
     def _observe(self, slots: np.ndarray, req_ids: Sequence[ReqId], accepted: np.ndarray) -> None:
-        drafted = self._ledger["drafted"][slots]
-        idx = np.flatnonzero((drafted > 0) & (accepted >= 0))
-        if not len(idx):
+        # Each draft is reported once, with what was accepted capped at what was drafted.
+        rows, drafted, acc = _columns.ledger_reports(slots, accepted, self._ledger["drafted"])
+        if not len(rows):
             return
-        # A pad or a lucky token past the draft can "match": the proposer drafted only `drafted`.
-        acc = np.minimum(accepted[idx], drafted[idx])
-        ids = [req_ids[i] for i in idx.tolist()]
+        ids = [req_ids[i] for i in rows.tolist()]
         if self._batch_policy:
-            self.policy.observe_batch(ids, drafted[idx], acc)
+            self.policy.observe_batch(ids, drafted, acc)
         else:
-            for r, d, a in zip(ids, drafted[idx].tolist(), acc.tolist()):
+            for r, d, a in zip(ids, drafted.tolist(), acc.tolist()):
                 self.policy.observe(r, d, a)
-        self._ledger["drafted"][slots[idx]] = 0
 
     def _caps(self, batch: DraftBatch) -> list[DraftRequest] | None:
         """Lower batch.max_draft to the policy's caps; returns the DraftRequests if they were built."""
@@ -229,7 +224,10 @@ class DraftingLayer:
             requests = apply_policy(self.policy, batch.requests())
             batch.max_draft = np.fromiter((r.max_draft for r in requests), dtype=np.int64, count=len(requests))
             return requests
-        caps = np.asarray(self.policy.caps_batch(batch))
+        caps = self.policy.caps_batch(batch)
+        if caps is batch.max_draft:  # the engine's caps as they are (`fixed`, `adaptive`)
+            return None
+        caps = np.asarray(caps)
         if caps.shape != (len(batch),) or (caps.size and (caps.dtype.kind not in "iu" or caps.min() < 0)):
             raise ValueError(f"policy: caps_batch must return {len(batch)} integers >= 0")
         batch.max_draft = np.minimum(batch.max_draft, caps.astype(np.int64, copy=False))
@@ -246,9 +244,8 @@ class DraftingLayer:
             raise ValueError(f"{self.who}: propose_batch returned {type(drafts).__name__}, expected BatchDrafts")
         if len(drafts) != len(batch):
             raise ValueError(f"{self.who}: returned {len(drafts)} drafts for {len(batch)} requests")
-        over = drafts.lengths > batch.max_draft
-        if over.any():
-            i = int(np.argmax(over))
+        i = _columns.first_over(drafts.lengths, batch.max_draft)
+        if i >= 0:
             raise ValueError(f"{self.who}: draft for request {batch.req_ids[i]!r} has {drafts.lengths[i]} tokens, "
                              f"cap is {batch.max_draft[i]}")
         return drafts
@@ -267,9 +264,7 @@ class DraftingLayer:
         if not isinstance(keep, np.ndarray) or keep.dtype.kind not in "iu":
             keep = np.array([check_cap(k, f"policy trim length for request {r!r}", allow_zero=True)
                              for r, k in zip(batch.req_ids, keep)], dtype=np.int64)
-        elif keep.size and keep.min() < 0:
-            raise ValueError("policy: a trim length must be an integer >= 0")
-        return drafts.truncated(keep)
+        return drafts.truncated(keep)  # a negative length is refused there
 
 
 class EngineDrafts:

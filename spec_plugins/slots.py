@@ -15,6 +15,8 @@ from typing import Any, Hashable, Iterator, Sequence
 
 import numpy as np
 
+from spec_plugins import _columns
+
 
 class RequestSlots:
     """req_id -> slot, and one numpy column per named field (shape `(capacity, *tail)`).
@@ -51,14 +53,12 @@ class RequestSlots:
 
     def lookup(self, req_ids: Sequence[Hashable], create: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """(slots, new): each id's slot (-1 for an unknown id when create=False) and which were created."""
-        get = self._index.get
-        slots = np.array([get(r, -1) for r in req_ids], dtype=np.int64)
+        slots, unknown = _columns.lookup_slots(self._index, req_ids)
+        if not create or not unknown:
+            return slots, np.zeros(len(slots), dtype=bool)
         new = slots < 0
-        if create and new.any():
-            for i in np.flatnonzero(new).tolist():
-                slots[i] = self._add(req_ids[i])
-        elif not create:
-            new = np.zeros(len(req_ids), dtype=bool)
+        for i in np.flatnonzero(new).tolist():
+            slots[i] = self._add(req_ids[i])
         return slots, new
 
     def gather(self, name: str, slots: np.ndarray, default: Any) -> np.ndarray:

@@ -241,7 +241,7 @@ def test_one_call_trim_and_observe_equal_the_compiled_pieces(name, cost, monkeyp
             batch = DraftBatch(live, [[1]] * n, rng.integers(1, 5000, size=n), np.ones(n, dtype=np.int64),
                                np.full(n, 16))
             got = fast.trim_batch(batch, drafts)
-            monkeypatch.setattr(adaptive, "_compiled_curves", lambda *a: None)  # the pieces, each compiled
+            monkeypatch.setattr(adaptive, "curve_source", lambda cost: None)  # the pieces, each compiled
             want = slow.trim_batch(batch, drafts)
             monkeypatch.undo()
             assert got.tolist() == want.tolist(), (opts, step)

@@ -27,6 +27,7 @@ from typing import Any, Hashable, Literal, Sequence
 import numpy as np
 import pydantic
 
+from spec_plugins import _columns
 from spec_plugins.core import BatchDrafts, Draft, DraftBatch, DraftRequest
 
 try:
@@ -142,14 +143,11 @@ class SuffixTreeProposer:
 
     def propose_batch(self, batch: DraftBatch) -> BatchDrafts:
         keys = self._keys
-        get = keys.get
-        found = [get(r, -1) for r in batch.req_ids]
-        if -1 in found:  # first sight of some: new keys
-            for i, k in enumerate(found):
-                if k < 0:
-                    found[i] = keys[batch.req_ids[i]] = self._next_key
-                    self._next_key += 1
-        ks = np.array(found, dtype=np.int64)
+        ks, unknown = _columns.lookup_slots(keys, batch.req_ids)
+        if unknown:  # first sight of some: new keys
+            for i in np.flatnonzero(ks < 0).tolist():
+                ks[i] = keys[batch.req_ids[i]] = self._next_key
+                self._next_key += 1
         try:
             tokens, confidence, offsets, _ = self._core.step_batch(
                 ks, batch.contexts, batch.rows, batch.context_lens, batch.num_new, batch.max_draft)

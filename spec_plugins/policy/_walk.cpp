@@ -225,13 +225,14 @@ using i64_out = py::array_t<std::int64_t, py::array::c_style>;
 // One AdaptiveLength.trim_batch (adaptive.py) in one call, for a cost model that exposes its curves:
 //   survival  from the drafts' confidences (conf: flat, per token; calibrated by the histogram tables,
 //             scaled by each request's fit (ok + k) / (predicted + k) when k > 0) or, with conf None,
-//             from the history's conditional rates cond [n, >= width];
+//             from the history (pooled trials, successes, prior and prior weight; per-request trials and
+//             successes [S, P]; the request prior weight), as HistoryEstimator.conditional_slots;
 //   the walk  (walk_into) over the cost curve and attention;
 //   the store of each request's kept raw confidences and length (kept, kept_len at its slot; -1 without
 //             confidences), which its next observation learns from.
 // Returns (lengths [n], expected tokens of the kept drafts, linear seconds, attention seconds): what the
 // policy's long-run rate adds up. The arithmetic is the numpy path's, operation for operation.
-py::tuple trim_step(py::object conf_obj, i64 offsets, i64 drafted, py::object cond_obj, i64 slots, f64 cal_trials,
+py::tuple trim_step(py::object conf_obj, i64 offsets, i64 drafted, py::object history_obj, i64 slots, f64 cal_trials,
                     f64 cal_successes, double prior_weight, f64 fit_ok, f64 fit_predicted, double correction_k,
                     f64_out kept, i64_out kept_len, double sunk, bool greedy, double min_gain, py::object rate_obj,
                     long long budget, f64 curve, py::object attention_obj) {
@@ -275,14 +276,27 @@ py::tuple trim_step(py::object conf_obj, i64 offsets, i64 drafted, py::object co
                    surv.data() + r * width, raw.data() + r * width);
     }
   } else {
-    f64 cond = cond_obj.cast<f64>();
-    if (cond.ndim() != 2 || cond.shape(0) != n || cond.shape(1) < width)
-      throw py::value_error("trim: conditional rates must be [drafts, >= positions]");
-    const double* c = cond.data();
+    // HistoryEstimator.conditional_slots: each request's rates shrunk to the pooled ones.
+    const py::tuple h = history_obj.cast<py::tuple>();
+    const f64 pooled_trials = h[0].cast<f64>(), pooled_successes = h[1].cast<f64>(), pooled_prior = h[2].cast<f64>();
+    const double pooled_weight = h[3].cast<double>();
+    const f64 trials = h[4].cast<f64>(), successes = h[5].cast<f64>();
+    const double weight = h[6].cast<double>();
+    const py::ssize_t p = pooled_trials.size();
+    if (pooled_successes.size() != p || pooled_prior.size() != p || trials.ndim() != 2 || trials.shape(1) != p ||
+        successes.size() != trials.size() || width > p)
+      throw py::value_error("trim: history counts of different shapes");
+    std::vector<double> pooled(width);
+    for (py::ssize_t j = 0; j < width; ++j)
+      pooled[j] = (pooled_successes.data()[j] + pooled_weight * pooled_prior.data()[j]) /
+                  (pooled_trials.data()[j] + pooled_weight);
     for (py::ssize_t r = 0; r < n; ++r) {
+      if (sl[r] >= trials.shape(0)) throw py::value_error("trim: slot out of range");
+      const double* t = trials.data() + sl[r] * p;
+      const double* su = successes.data() + sl[r] * p;
       double prod = 1.0;
       for (py::ssize_t j = 0; j < width; ++j) {
-        prod *= clip01(c[r * cond.shape(1) + j]);
+        prod *= clip01((su[j] + weight * pooled[j]) / (t[j] + weight));
         surv[r * width + j] = prod;
       }
     }

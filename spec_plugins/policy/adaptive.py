@@ -28,7 +28,7 @@ import pydantic
 
 from spec_plugins.core import BatchDrafts, Draft, DraftBatch, DraftRequest
 from spec_plugins.policy.acceptance import ConfidenceCalibrator, HistoryEstimator, _observe
-from spec_plugins.policy.allocator import StepCost, _compiled_curves, _walk, allocate_batch
+from spec_plugins.policy.allocator import StepCost, _walk, allocate_batch, curve_source
 from spec_plugins.policy.cost import step_cost
 from spec_plugins.slots import RequestSlots
 
@@ -74,6 +74,8 @@ class AdaptiveLength:
         self.history = HistoryEstimator(p, decay=opts.history_decay, slots=self.requests)
         self.calibrator = ConfidenceCalibrator()
         self._tau = self._time = 0.0  # decayed sums of expected tokens and modelled seconds per step
+        self._curves_of: StepCost | None = None  # the cost model `_curves` reads (allocator.curve_source)
+        self._curves = None
         if self.cost is None and (opts.hardware is None) == (opts.profile is None):
             raise ValueError("policy_options: expected exactly one of 'hardware' (a GPU profile) or 'profile' "
                              "(a measured step-time profile)")
@@ -116,7 +118,9 @@ class AdaptiveLength:
             search = "global" if drafts.probs is None or all(p is None for p in drafts.probs) else "greedy"
         context = batch.context_lens
         n = len(drafted)
-        curves = None if _walk is None else _compiled_curves(self.cost, n, n + int(drafted.sum()) + 1, context)
+        if self._curves_of is not self.cost:  # resolved once per cost model
+            self._curves_of, self._curves = self.cost, curve_source(self.cost)
+        curves = None if self._curves is None else self._curves(n, n + int(drafted.sum()) + 1, context)
         if curves is not None:  # survival, walk and bookkeeping in one compiled call (policy/_walk.cpp)
             lengths, tau, linear, attention = self._trim_compiled(slots, drafts, search, context, curves)
         else:
@@ -136,10 +140,12 @@ class AdaptiveLength:
                        curves: tuple) -> tuple:
         cols, cal, o = self.requests, self.calibrator, self.options
         with_conf = o.confidence != "off" and drafts.confidence is not None
-        cond = None if with_conf else self.history.conditional_slots(slots)
+        h = self.history
+        history = None if with_conf else (h.pooled_trials, h.pooled_successes, h.pooled_prior, h.pooled_prior_weight,
+                                          cols["trials"], cols["successes"], h.request_prior_weight)
         curve, attention = curves
         return _walk.trim_step(
-            drafts.confidence if with_conf else None, drafts.offsets, drafts.lengths, cond, slots,
+            drafts.confidence if with_conf else None, drafts.offsets, drafts.lengths, history, slots,
             cal.trials, cal.successes, cal.prior_weight, cols["fit_ok"], cols["fit_predicted"],
             o.request_correction, cols["kept"], cols["kept_len"],
             self.cost.overhead_s + self.cost.draft_time(drafts.lengths), search == "greedy", o.min_gain,

@@ -21,7 +21,7 @@ ranking is a valid allocation, and the search reads tokens and time along it as 
 
 from __future__ import annotations
 
-from typing import Literal, Protocol, Sequence
+from typing import Callable, Literal, Protocol, Sequence
 
 import numpy as np
 
@@ -172,15 +172,24 @@ def allocate_batch(
     return np.bincount(rows_of[:best_k], minlength=n).astype(np.int64)
 
 
-def _compiled_curves(cost: StepCost, n: int, size: int, context_lens: np.ndarray) -> tuple | None:
-    """(verify curve by rows, attention parameters or None) for the compiled walk, or None to walk in numpy."""
+def curve_source(cost: StepCost) -> Callable[[int, int, np.ndarray], tuple] | None:
+    """How the compiled walk reads `cost`'s curves, resolved once per cost model: a function of (requests,
+    curve length, context lengths) -> (verify curve by rows, attention parameters or None), or None to walk
+    in numpy (no build, or a cost model without curves)."""
     if _walk is None:
         return None
     if hasattr(cost, "batch_time"):
-        return (cost.batch_curve(n, size), None) if hasattr(cost, "batch_curve") else None
+        if not hasattr(cost, "batch_curve"):
+            return None
+        return lambda n, size, context: (cost.batch_curve(n, size), None)
     if hasattr(cost, "linear_curve") and hasattr(cost, "attention_params"):
-        return cost.linear_curve(size), (*cost.attention_params(), np.asarray(context_lens, dtype=np.int64))
+        return lambda n, size, context: (cost.linear_curve(size), (*cost.attention_params(), context))
     return None
+
+
+def _compiled_curves(cost: StepCost, n: int, size: int, context_lens: np.ndarray) -> tuple | None:
+    source = curve_source(cost)
+    return None if source is None else source(n, size, np.asarray(context_lens, dtype=np.int64))
 
 
 def _verify_times(cost: StepCost, n: int, rows_of: np.ndarray, pos_of: np.ndarray,

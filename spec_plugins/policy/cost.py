@@ -147,6 +147,7 @@ class RooflineCost(CostModel):
         self._linear_cache: dict[int, float] = {}
         self._linear_curve = np.zeros(0)  # linear_time(0), linear_time(1), ...: filled on demand, kept
         self._forward_cache: dict[int, float] = {}
+        self._attention_params: tuple | None = None
 
     # -- linear layers ---------------------------------------------------------------------------
 
@@ -225,9 +226,12 @@ class RooflineCost(CostModel):
     def attention_params(self) -> tuple:
         """What attention_time reads, for the allocator's compiled walk (policy/_walk.cpp), which applies the
         same formula: (layers, kv_heads, head_dim, KV bytes, attention rate, byte rate, G, tile rows)."""
-        m, hw = self.model, self.hardware
-        return (float(m.layers), float(m.kv_heads), float(m.head_dim), float(self._kvbytes), float(self._attn_rate),
-                float(self._byte_rate), int(m.group_size), int(hw.attention_tile_rows))
+        if self._attention_params is None:  # read every step by the policy
+            m, hw = self.model, self.hardware
+            self._attention_params = (float(m.layers), float(m.kv_heads), float(m.head_dim), float(self._kvbytes),
+                                      float(self._attn_rate), float(self._byte_rate), int(m.group_size),
+                                      int(hw.attention_tile_rows))
+        return self._attention_params
 
     # -- attention -------------------------------------------------------------------------------
 
@@ -287,12 +291,12 @@ class RooflineCost(CostModel):
 
     def draft_time(self, draft_lens: Sequence[int]) -> float:
         dc = self.drafter
-        if dc.kind == "model_free":  # the serving path: no list of the batch's lengths
+        if dc.kind == "model_free":  # the serving path: no list of the batch's lengths (never negative)
             d = np.asarray(draft_lens, dtype=np.int64)
-            d = d[d > 0]
-            if d.size == 0:
+            drafting = int(np.count_nonzero(d))
+            if drafting == 0:
                 return 0.0
-            return (dc.per_request_us * int(d.size) + dc.per_token_us * int(d.sum())) * 1e-6
+            return (dc.per_request_us * drafting + dc.per_token_us * int(d.sum())) * 1e-6
         drafting = [int(d) for d in draft_lens if d > 0]
         if not drafting:
             return 0.0

@@ -74,6 +74,7 @@ class SpecPluginsProposer(RequestIdAware):
         # them a row stands for its request; rows are reused and reordered between steps, which only
         # blurs per-request state (our proposers see the whole context every step).
         self.row_req_ids = None
+        self._rows = np.arange(0, dtype=np.int64)  # 0, 1, 2, ...: the rows of a step where every row drafts
         # vLLM builds us inside GPUModelRunner.__init__: let the plugin (if registered in this
         # process) wrap the runner now, before its first step.
         install()
@@ -114,17 +115,20 @@ class SpecPluginsProposer(RequestIdAware):
         num_rows = len(sampled_token_ids)
         ids = self._row_ids(num_rows)
         sampled = np.fromiter(map(len, sampled_token_ids), dtype=np.int64, count=num_rows)
-        live = np.flatnonzero(sampled > 0)  # a row with nothing sampled is a prefill chunk in progress
         k = self.num_speculative_tokens
         if self.batch_schedule:
             k = min(k, schedule_lookup(self.batch_schedule, num_rows))
-        lens = np.asarray(num_tokens_no_spec[:num_rows], dtype=np.int64)[live]
-        room = np.maximum(self.max_model_len - lens - 1, 0)
-        live_ids = [ids[i] for i in live.tolist()] if len(live) < num_rows else ids
+        lens = np.asarray(num_tokens_no_spec[:num_rows], dtype=np.int64)
+        if sampled.all():  # the usual step: every row decodes
+            live, live_ids, present = self._all_rows(num_rows), ids, ()
+        else:  # a row with nothing sampled is a prefill chunk in progress
+            live = np.flatnonzero(sampled)
+            live_ids = [ids[i] for i in live.tolist()]
+            present = [ids[i] for i in np.flatnonzero(sampled == 0).tolist()]
+            lens, sampled = lens[live], sampled[live]
         drafts = self.drafting.step(
-            live_ids, token_ids_cpu, lens, rows=live,
-            num_new=sampled[live], accepted=sampled[live] - 1, max_draft=np.minimum(room, k),
-            present=[ids[i] for i in np.flatnonzero(sampled == 0).tolist()],
+            live_ids, token_ids_cpu, lens, rows=live, num_new=sampled, accepted=sampled - 1,
+            max_draft=np.minimum(np.maximum(self.max_model_len - 1 - lens, 0), k), present=present,
         )
         if self._trace is not None:
             self._trace_step(ids)
@@ -138,6 +142,11 @@ class SpecPluginsProposer(RequestIdAware):
     def finish(self, req_id: Any, why: str = "finished") -> None:
         """Free `req_id`'s state in the proposer and the policy (ids never proposed for are ignored)."""
         self.drafting.finish(req_id, why)
+
+    def _all_rows(self, num_rows: int) -> np.ndarray:
+        if len(self._rows) < num_rows:
+            self._rows = np.arange(max(num_rows, 2 * len(self._rows)), dtype=np.int64)
+        return self._rows[:num_rows]
 
     def _row_ids(self, num_rows: int) -> list[Any]:
         ids = self.row_req_ids
