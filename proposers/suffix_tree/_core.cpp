@@ -3,9 +3,9 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
-#include <unordered_set>
 #include <vector>
 
 #include "suffix_tree.hpp"
@@ -280,21 +280,24 @@ class PyCache {
     }
     const bool direct = is_matrix && matrix.dtype().kind() == 'i' && matrix.itemsize() == 4 &&
                         matrix.strides(1) == 4;
-    std::unordered_set<long long> seen;
-    seen.reserve(n * 2);
+    {  // distinct keys: sorted, neighbours differ
+      std::vector<long long> sorted(keys.data(), keys.data() + n);
+      std::sort(sorted.begin(), sorted.end());
+      const auto twice = std::adjacent_find(sorted.begin(), sorted.end());
+      if (twice != sorted.end()) throw py::value_error("keys: key " + std::to_string(*twice) + " appears twice");
+    }
     std::vector<Cache::Row> plan(n);
     std::vector<std::vector<i32>> copies(n);
     for (size_t i = 0; i < n; ++i) {
       const long long key = K(i), len = L(i);
-      if (!seen.insert(key).second) throw py::value_error("keys: key " + std::to_string(key) + " appears twice");
       if (len < 0) throw py::value_error("lens: row " + std::to_string(i) + " is negative");
       Cache::Row& row = plan[i];
       row.key = key;
       row.max_tokens = check_max_tokens(M(i));
-      row.kind = cache_.classify(key, size_t(len), N(i));
+      row.kind = cache_.classify(row, size_t(len), N(i));
       const size_t from = row.kind == Cache::kContinue ? size_t(len - N(i)) : 0;
       row.count = size_t(len) - from;
-      const std::string what = "contexts row " + std::to_string(i);
+      auto what = [i] { return "contexts row " + std::to_string(i); };
       if (is_matrix) {
         const long long r = rows.at(Py_ssize_t(i));
         if (r < 0 || r >= matrix.shape(0)) throw py::value_error("rows: row " + std::to_string(i) + " out of range");
@@ -302,15 +305,15 @@ class PyCache {
         if (direct) {
           const auto* base = static_cast<const std::int32_t*>(matrix.data()) + r * (matrix.strides(0) / 4);
           for (size_t j = from; j < size_t(len); ++j)
-            if (base[j] < 0) bad_token(what.c_str(), Py_ssize_t(j), std::to_string(base[j]));
+            if (base[j] < 0) bad_token(what().c_str(), Py_ssize_t(j), std::to_string(base[j]));
           row.tok = base + from;
           continue;
         }
         py::array slice = matrix.attr("__getitem__")(py::make_tuple(r, py::slice(0, len, 1)));
-        read_tokens(slice, copies[i], what.c_str(), Py_ssize_t(from));
+        read_tokens(slice, copies[i], what().c_str(), Py_ssize_t(from));
       } else {
         py::handle seq = PySequence_Fast_GET_ITEM(seqs.ptr(), Py_ssize_t(i));
-        const Py_ssize_t got = read_tokens(seq, copies[i], what.c_str(), Py_ssize_t(from));
+        const Py_ssize_t got = read_tokens(seq, copies[i], what().c_str(), Py_ssize_t(from));
         if (got != len) throw py::value_error("lens: row " + std::to_string(i) + " is " + std::to_string(len) +
                                               ", its sequence has " + std::to_string(got) + " tokens");
       }

@@ -825,6 +825,8 @@ class Cache {
 
   Draft speculate(Req& r, i32 max_tokens) {
     Draft best;
+    best.tokens.reserve(max_tokens);  // one allocation per draft, not one per doubling
+    best.probs.reserve(max_tokens);
     r.local->speculate_self(r.seq, max_tokens, o_.spec, best);
     const Seq& S = r.local->seq(r.seq);
     global_.speculate(S.tok.data(), i32(S.tok.size()), max_tokens, o_.spec, best, r.gseq);  // local wins ties
@@ -836,8 +838,11 @@ class Cache {
     for (size_t k = 0; k < best.probs.size(); ++k) s += best.probs[k] * o_.copy.hazard(double(best.match_len) + k);
     best.score = s;
     Draft copy;
+    copy.tokens.reserve(max_tokens);
+    copy.probs.reserve(max_tokens);
     r.copier.draft(S, max_tokens, o_.copy, copy);
-    return !copy.tokens.empty() && copy.score >= best.score ? copy : best;
+    if (!copy.tokens.empty() && copy.score >= best.score) return copy;
+    return best;
   }
 
   const Copier& copier(long long key) { return get(key).copier; }
@@ -856,14 +861,17 @@ class Cache {
     size_t count;
     i32 max_tokens;
     RowKind kind;
+    Req* req = nullptr;  // a continuing row's request, found by classify (map nodes never move)
   };
   // What a row must be, given this cache: kContinue when the request is known and `len` is its
   // length plus num_new, else a (re)start.
-  RowKind classify(long long key, size_t len, long long num_new) const {
-    auto it = reqs_.find(key);
+  RowKind classify(Row& row, size_t len, long long num_new) {
+    auto it = reqs_.find(row.key);
     if (it == reqs_.end()) return kStart;
     const size_t have = it->second.local->seq(it->second.seq).tok.size();
-    return num_new >= 0 && have + size_t(num_new) == len ? kContinue : kRestart;
+    if (num_new < 0 || have + size_t(num_new) != len) return kRestart;
+    row.req = &it->second;
+    return kContinue;
   }
   void step(const std::vector<Row>& rows, std::vector<Draft>& out, spec_plugins::WorkerPool* pool,
             size_t parallel_from) {
@@ -880,7 +888,7 @@ class Cache {
     }
     // Requests are looked up before any thread starts: the map is not touched while they run.
     std::vector<Req*> reqs(n);
-    for (size_t i = 0; i < n; ++i) reqs[i] = &get(rows[i].key);
+    for (size_t i = 0; i < n; ++i) reqs[i] = rows[i].kind == kContinue ? rows[i].req : &get(rows[i].key);
     auto own = [&](size_t i) {
       const Row& row = rows[i];
       if (row.kind == kContinue && !shared_appends) feed(*reqs[i], row.tok, row.count);
