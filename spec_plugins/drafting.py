@@ -211,7 +211,8 @@ class DraftingLayer:
         rows, drafted, acc = _columns.ledger_reports(slots, accepted, self._ledger["drafted"])
         if not len(rows):
             return
-        ids = [req_ids[i] for i in rows.tolist()]
+        # rows are increasing: all of them is every request (the usual step)
+        ids = req_ids if len(rows) == len(req_ids) else [req_ids[i] for i in rows.tolist()]
         if self._batch_policy:
             self.policy.observe_batch(ids, drafted, acc)
         else:

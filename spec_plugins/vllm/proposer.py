@@ -119,7 +119,7 @@ class SpecPluginsProposer(RequestIdAware):
         if self.batch_schedule:
             k = min(k, schedule_lookup(self.batch_schedule, num_rows))
         lens = np.asarray(num_tokens_no_spec[:num_rows], dtype=np.int64)
-        if sampled.all():  # the usual step: every row decodes
+        if np.count_nonzero(sampled) == num_rows:  # the usual step: every row decodes
             live, live_ids, present = self._all_rows(num_rows), ids, ()
         else:  # a row with nothing sampled is a prefill chunk in progress
             live = np.flatnonzero(sampled)
