@@ -254,3 +254,18 @@ def test_one_call_trim_and_observe_equal_the_compiled_pieces(name, cost, monkeyp
         np.testing.assert_array_equal(fast.calibrator.trials, slow.calibrator.trials)
         np.testing.assert_array_equal(fast.calibrator.successes, slow.calibrator.successes)
         np.testing.assert_array_equal(fast.history.pooled_trials, slow.history.pooled_trials)
+
+
+def test_the_walks_ranking_is_numpys_stable_argsort():
+    from spec_plugins.policy import _walk
+
+    rng = np.random.default_rng(23)
+    for trial in range(300):
+        m = int(rng.integers(0, 3000))
+        gain = rng.beta(2, 1, size=m) ** rng.uniform(0.2, 3)
+        if trial % 3 == 0:  # ties, and values whose high 32 bits agree
+            gain[: m // 4] = 1.0
+            near = gain[m // 4: m // 2]
+            gain[m // 4: m // 2] = 0.5 + rng.integers(0, 64, size=len(near)) * 2.0**-50
+        gain = np.maximum(gain, 1e-300)
+        assert _walk.ranking(gain.tolist()) == np.argsort(-gain, kind="stable").tolist(), trial

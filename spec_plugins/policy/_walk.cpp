@@ -4,6 +4,7 @@
 // numpy path's, operation for operation, so both choose the same lengths (tests/test_batched_policy.py).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include "numeric.hpp"
 
@@ -42,7 +43,10 @@ struct Attention {
 
 // Indices of `gain` (all > 0) by decreasing value, equal values in index order: numpy's
 // argsort(-gain, kind="stable"). A positive double's bits order like its value, so this is a stable LSD
-// radix sort of the complemented bits, 8 bits a pass, passes where every key agrees skipped.
+// radix sort of the complemented bits, 8 bits a pass, passes where every key agrees skipped. Only the
+// high 32 bits are radix-sorted (survivals share their sign and most of their exponent, so the low bits
+// rarely decide); runs whose high bits tie are then put in full order by insertion, which keeps index
+// order among equal values: the same permutation as sorting all 64 bits.
 std::vector<std::int32_t> descending_stable(const std::vector<double>& gain) {
   const std::size_t m = gain.size();
   std::vector<std::uint64_t> key(m), key2(m);
@@ -53,7 +57,7 @@ std::vector<std::int32_t> descending_stable(const std::vector<double>& gain) {
     key[i] = ~bits;
     idx[i] = std::int32_t(i);
   }
-  for (int shift = 0; shift < 64; shift += 8) {
+  for (int shift = 32; shift < 64; shift += 8) {
     std::size_t count[257] = {0};
     for (std::size_t i = 0; i < m; ++i) ++count[((key[i] >> shift) & 0xff) + 1];
     if (m && count[((key[0] >> shift) & 0xff) + 1] == m) continue;  // this byte is the same everywhere
@@ -65,6 +69,22 @@ std::vector<std::int32_t> descending_stable(const std::vector<double>& gain) {
     }
     key.swap(key2);
     idx.swap(idx2);
+  }
+  for (std::size_t lo = 0; lo < m;) {
+    std::size_t hi = lo + 1;
+    while (hi < m && (key[hi] >> 32) == (key[lo] >> 32)) ++hi;
+    for (std::size_t i = lo + 1; i < hi; ++i) {  // insertion: (key, index) ascending within the run
+      const std::uint64_t k = key[i];
+      const std::int32_t x = idx[i];
+      std::size_t j = i;
+      for (; j > lo && (key[j - 1] > k || (key[j - 1] == k && idx[j - 1] > x)); --j) {
+        key[j] = key[j - 1];
+        idx[j] = idx[j - 1];
+      }
+      key[j] = k;
+      idx[j] = x;
+    }
+    lo = hi;
   }
   return idx;
 }
@@ -97,6 +117,9 @@ void walk_into(const double* S, py::ssize_t n, py::ssize_t width, const std::int
   // Candidates in (request, position) order; a survival that rises along a draft is refused.
   std::vector<std::int32_t> row, pos;
   std::vector<double> gain;
+  row.reserve(n * width);
+  pos.reserve(n * width);
+  gain.reserve(n * width);
   for (py::ssize_t r = 0; r < n; ++r) {
     const std::int64_t len = L[r];
     if (len < 0 || len > width) throw py::value_error("allocate: a draft length exceeds the survival matrix");
@@ -118,8 +141,12 @@ void walk_into(const double* S, py::ssize_t n, py::ssize_t width, const std::int
   if (curve_len < py::ssize_t(n + m + 1)) throw py::value_error("allocate: the cost curve is shorter than the rows of this step");
 
   double attn_total = 0.0;
-  if (att)  // Python's sum over the requests' attention at draft 0, in request order
+  std::vector<char> opens;  // opens[j]: draft row j + 1 starts another attention tile
+  if (att) {  // Python's sum over the requests' attention at draft 0, in request order
     for (py::ssize_t r = 0; r < n; ++r) attn_total += att->at(0, ctx[r]);
+    opens.resize(width + 1);
+    for (py::ssize_t j = 0; j <= width; ++j) opens[j] = att->tiles(j + 1) != att->tiles(j);
+  }
   auto theta_at = [&](double tau, double verify) {
     const double time = q.sunk + verify;
     return q.has_rate ? tau - q.rate * time : tau / time;
@@ -134,7 +161,7 @@ void walk_into(const double* S, py::ssize_t n, py::ssize_t width, const std::int
     if (att) {
       const std::int64_t j = pos[c], length = ctx[row[c]];
       // One more draft row costs attention only when it opens another query tile (else it adds 0.0).
-      if (att->tiles(j + 1) != att->tiles(j)) attn_total += att->at(j + 1, length) - att->at(j, length);
+      if (opens[j]) attn_total += att->at(j + 1, length) - att->at(j, length);
     }
     const double theta = theta_at(tau, att ? C[n + k] + attn_total : C[n + k]);
     if (q.greedy) {
@@ -345,6 +372,8 @@ PYBIND11_MODULE(_walk, m) {
         py::arg("width"), py::arg("cal_trials"), py::arg("cal_successes"), py::arg("prior_weight"),
         py::arg("correction"));
   m.def("trim_step", &trim_step);
+  m.def("ranking", [](std::vector<double> gain) { return descending_stable(gain); },
+        "The order the walk reads candidates in: numpy's argsort(-gain, kind='stable') for gains > 0.");
   m.def("walk", &walk, py::arg("survival"), py::arg("lengths"), py::arg("sunk"), py::arg("greedy"),
         py::arg("min_gain"), py::arg("rate"), py::arg("budget"), py::arg("curve"), py::arg("attention"));
 }
