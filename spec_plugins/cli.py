@@ -104,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", help="also write the rows to this JSON file")
     d.set_defaults(func=_cmd_demo)
 
+    from spec_plugins.bench.sweep import add_sweep_parser
     from spec_plugins.policy.profile import add_profile_parser
     from spec_plugins.training import add_train_parser
     from spec_plugins.trtllm.launcher import add_trtllm_parser
@@ -111,6 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_profile_parser(sub)
     add_trtllm_parser(sub)
     add_train_parser(sub)
+    add_sweep_parser(sub)
 
     p = sub.add_parser("plan", help="hardware + model + measured acceptance -> vLLM / TensorRT-LLM draft-length configs")
     p.add_argument("--hardware", help="GPU profile (h100, h200, b200, a100, l40s) or a YAML file")

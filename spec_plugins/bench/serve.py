@@ -21,6 +21,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _signal_group(pgid: int, sig: int) -> bool:
+    """Send `sig` to a process group; False when no process of it is left."""
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # a recycled id that is not ours
+        return False
+
+
 class VllmServer:
     """`with VllmServer(model, ["--dtype", "float32", ...], log) as server: server.post(...)`.
 
@@ -79,14 +90,19 @@ class VllmServer:
             time.sleep(1)
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+        """SIGTERM to the server's process group, SIGKILL after stop_timeout. The group is signalled even when
+        the server itself has already exited: its engine processes may outlive it."""
+        if self.proc is None:
             return
-        os.killpg(self.proc.pid, signal.SIGTERM)
+        if not _signal_group(self.proc.pid, signal.SIGTERM):
+            self.proc.wait()
+            return
         try:
             self.proc.wait(timeout=self.stop_timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            _signal_group(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+        _signal_group(self.proc.pid, signal.SIGKILL)  # whatever of the group outlived the server
 
     def post(self, path: str, body: dict, timeout: float = 300) -> dict:
         req = urllib.request.Request(f"{self.url}{path}", json.dumps(body).encode(),

@@ -1,0 +1,88 @@
+"""The throughput-interactivity Pareto frontier of a sweep, its plot, and the best configuration per latency target.
+
+A configuration at a load is a point (total output tokens/s, output tokens/s per user): serving wants both
+up, and no setting maximises both at once (more concurrency raises the first and lowers the second). The
+frontier is the set of points no other point beats on one axis without losing on the other.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+
+def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
+    """Indices of the points that no other point dominates (>= on both axes, > on one), by increasing x.
+    Equal points are all kept: neither beats the other."""
+    order = sorted(range(len(points)), key=lambda i: (-points[i][0], -points[i][1]))
+    front, best_y = [], float("-inf")
+    i = 0
+    while i < len(order):
+        # Points with the same x: only those with the highest y can be on the front, and only above best_y.
+        j = i
+        x = points[order[i]][0]
+        while j < len(order) and points[order[j]][0] == x:
+            j += 1
+        top = points[order[i]][1]
+        if top > best_y:
+            front.extend(k for k in order[i:j] if points[k][1] == top)
+            best_y = top
+        i = j
+    return sorted(front, key=lambda k: (points[k][0], -points[k][1]))
+
+
+def best_per_target(rows: Sequence[dict], tpot_targets_ms: Sequence[float]) -> list[dict]:
+    """For each TPOT target: the row with the most total tokens/s whose median TPOT meets it (lossless rows
+    only). Returns {"tpot_ms", "row" (or None: nothing meets it)} per target."""
+    out = []
+    for target in tpot_targets_ms:
+        ok = [r for r in rows if r.get("identical", True) and r["tpot_p50_ms"] is not None
+              and r["tpot_p50_ms"] <= target]
+        best = max(ok, key=lambda r: (r["tokens_per_s"], r["tokens_per_s_per_user"]), default=None)
+        out.append({"tpot_ms": target, "row": best})
+    return out
+
+
+def plot_frontier(rows: Sequence[dict], path: str | Path, title: str) -> Path:
+    """Tokens/s per user against total tokens/s, one marker per method, each point labelled with its draft
+    length and concurrency; the frontier drawn through the points on it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = [(r["tokens_per_s"], r["tokens_per_s_per_user"]) for r in rows]
+    front = pareto_front(pts)
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    markers = "osD^v<>phX*"
+    fig, ax = plt.subplots(figsize=(10, 6.5), dpi=120)
+    cmap = plt.get_cmap("tab10")
+    for m_i, method in enumerate(methods):
+        mine = [i for i, r in enumerate(rows) if r["method"] == method]
+        ax.scatter([pts[i][0] for i in mine], [pts[i][1] for i in mine], s=64, marker=markers[m_i % len(markers)],
+                   color=cmap(m_i % 10), label=method, zorder=3, edgecolors="black", linewidths=0.5)
+        for i in mine:
+            r = rows[i]
+            label = f"c{r['concurrency']}" if r["draft_length"] is None else f"K{r['draft_length']} c{r['concurrency']}"
+            ax.annotate(label, pts[i], textcoords="offset points", xytext=(5, 4), fontsize=7, color="0.25")
+        if any(r.get("spread") for r in (rows[i] for i in mine)):
+            for i in mine:
+                lo, hi = rows[i]["spread"]["tokens_per_s"]
+                ax.plot([lo, hi], [pts[i][1]] * 2, color=cmap(m_i % 10), alpha=0.35, lw=2, zorder=2)
+    ax.plot([pts[i][0] for i in front], [pts[i][1] for i in front], color="black", lw=1.2, ls="--", zorder=1,
+            label="Pareto frontier")
+    ax.set_xlabel("total output tokens/s (throughput)")
+    ax.set_ylabel("output tokens/s per user (interactivity)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
+def frontier_table(rows: Sequence[dict]) -> list[dict[str, Any]]:
+    """The frontier's rows, by increasing total tokens/s."""
+    return [rows[i] for i in pareto_front([(r["tokens_per_s"], r["tokens_per_s_per_user"]) for r in rows])]

@@ -1,0 +1,186 @@
+"""The sweep's parts without an engine: workload loaders, the frontier, configurations, summaries."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from spec_plugins.bench import sweep
+from spec_plugins.bench.frontier import best_per_target, frontier_table, pareto_front, plot_frontier
+from spec_plugins.bench.workloads import load_workload
+
+
+def write_jsonl(path, rows):
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def speed_bench_parquet(path, turns_of=lambda i: [f"Question {i}?", f"And then {i}?"]):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    cats = ["coding", "math", "writing"]
+    rows = [{"question_id": f"q{i}", "category": cats[i % 3], "sub_category": "x", "turns": turns_of(i),
+             "source": "src", "src_id": str(i), "difficulty": "easy", "multiturn": True} for i in range(9)]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def test_spec_bench_and_plain_jsonl(tmp_path):
+    spec = write_jsonl(tmp_path / "q.jsonl", [
+        {"question_id": 1, "category": "coding", "turns": ["Write a sort.", "Now faster."]},
+        {"question_id": 2, "category": "math", "turns": ["2+2?"]},
+        {"question_id": 3, "category": "coding", "turns": ["Reverse a list."]}])
+    rows = load_workload(str(spec))
+    assert [r.id for r in rows] == ["1", "2", "3"] and rows[0].turns == ["Write a sort."]
+    assert load_workload(str(spec), turns="all")[0].turns == ["Write a sort.", "Now faster."]
+    assert [r.id for r in load_workload(str(spec), categories=["CODING"])] == ["1", "3"]
+    assert [r.category for r in load_workload(str(spec), limit=2)] == ["coding", "math"]  # round-robin
+    plain = write_jsonl(tmp_path / "p.jsonl", [{"id": "a", "prompt": "hi", "response": "hello"}, {"id": "b", "prompt": "yo"}])
+    got = load_workload(str(plain))
+    assert (got[0].text, got[0].response, got[1].response) == ("hi", "hello", None)
+    assert len(load_workload("code")) >= 8 and load_workload("spec_bench")
+
+
+@pytest.mark.parametrize("line,match", [
+    ("{not json", r"row 2: not JSON"),
+    ('{"id": "x"}', r"row 2: expected 'turns'"),
+    ('{"id": "x", "prompt": ""}', r"row 2: 'prompt' must be a non-empty string"),
+    ('{"question_id": 5, "turns": []}', r"row 2: 'turns' must be a non-empty list"),
+    ("[1, 2]", r"row 2: expected a JSON object"),
+])
+def test_a_malformed_row_is_named(tmp_path, line, match):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"id": "ok", "prompt": "fine"}\n' + line + "\n")
+    with pytest.raises(ValueError, match=match):
+        load_workload(str(path))
+
+
+def test_workload_errors(tmp_path):
+    with pytest.raises(ValueError, match="no such file"):
+        load_workload(str(tmp_path / "missing.jsonl"))
+    spec = write_jsonl(tmp_path / "q.jsonl", [{"question_id": 1, "category": "coding", "turns": ["x"]}])
+    with pytest.raises(ValueError, match=r"no category \['poetry'\]; it has \['coding'\]"):
+        load_workload(str(spec), categories=["poetry"])
+
+
+def test_speed_bench_parquet(tmp_path):
+    path = speed_bench_parquet(tmp_path / "qualitative.parquet")
+    rows = load_workload(f"speed:{path}", categories=["math"], turns="all")
+    assert [r.id for r in rows] == ["q1", "q4", "q7"]
+    assert rows[0].turns == ["Question 1?", "And then 1?"] and rows[0].meta["difficulty"] == "easy"
+    folder = tmp_path / "split"
+    folder.mkdir()
+    speed_bench_parquet(folder / "part-0.parquet")
+    assert len(load_workload(str(folder))) == 9
+
+
+def test_speed_bench_placeholders_are_refused_with_the_fix(tmp_path):
+    path = speed_bench_parquet(tmp_path / "q.parquet", turns_of=lambda i: ["<PLACEHOLDER: rebuild from source>"])
+    with pytest.raises(ValueError, match=r"9 of 9 prompts are placeholders.*prepare_data.py --dataset speed"):
+        load_workload(str(path))
+
+
+def test_speed_bench_missing_columns(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist([{"question_id": "a", "text": "x"}]), tmp_path / "x.parquet")
+    with pytest.raises(ValueError, match=r"missing SPEED-Bench columns \['category', 'turns'\]"):
+        load_workload(str(tmp_path / "x.parquet"))
+
+
+def test_pareto_front_excludes_dominated_points_and_keeps_ties():
+    pts = [(10, 5), (20, 3), (15, 4), (12, 4), (20, 3), (5, 6), (5, 5), (25, 1), (24, 1)]
+    front = pareto_front(pts)
+    assert front == [5, 0, 2, 1, 4, 7]  # (5,6) (10,5) (15,4) (20,3) twice (25,1)
+    assert 3 not in front and 6 not in front and 8 not in front  # (12,4) < (15,4); (5,5) < (5,6); (24,1) < (25,1)
+    assert pareto_front([]) == []
+
+
+def rows_for(points, tpots, identical=None):
+    return [{"method": f"m{i % 2}", "draft_length": 4, "concurrency": 1 + i, "config": f"c{i}",
+             "tokens_per_s": x, "tokens_per_s_per_user": y, "tpot_p50_ms": t,
+             "identical": True if identical is None else identical[i], "spread": {"tokens_per_s": [x - 1, x + 1]}}
+            for i, ((x, y), t) in enumerate(zip(points, tpots))]
+
+
+def test_best_per_target_takes_the_fastest_lossless_row_under_each_target(tmp_path):
+    rows = rows_for([(10, 9), (30, 5), (50, 2), (60, 1)], [10, 20, 45, 30], identical=[True, True, True, False])
+    best = best_per_target(rows, [5, 25, 50])
+    assert [b["row"] and b["row"]["config"] for b in best] == [None, "c1", "c2"]  # c3 is fastest but not lossless
+    assert [r["config"] for r in frontier_table(rows)] == ["c0", "c1", "c2", "c3"]
+    assert plot_frontier(rows, tmp_path / "p.png", "t").stat().st_size > 10_000
+
+
+def test_methods_and_their_engine_configs():
+    configs = sweep.parse_methods("none,ngram,suffix,suffix_tree,suffix_tree+adaptive", [4, 8], {"profile": "p"})
+    assert [c.name for c in configs] == ["none", "ngram K=4", "ngram K=8", "suffix K=4", "suffix K=8",
+                                         "suffix_tree K=4", "suffix_tree K=8", "suffix_tree+adaptive K=4",
+                                         "suffix_tree+adaptive K=8"]
+    ada = configs[-1]
+    assert ada.speculative_config() == {"method": "custom_class", "model": "spec_plugins.vllm.SpecPluginsProposer",
+                                        "num_speculative_tokens": 8}
+    assert ada.additional_config() == {"spec_plugins": {"proposer": "suffix_tree", "policy": "adaptive",
+                                                         "policy_options": {"profile": "p"}}}
+    assert configs[1].speculative_config()["method"] == "ngram" and configs[1].additional_config() is None
+    assert configs[0].serve_args() == [] and "--additional-config" in ada.serve_args()
+    assert "decoding_type: UserProvided" in ada.trtllm_yaml() and "decoding_type: NGram" in configs[1].trtllm_yaml()
+    assert sweep.parse_methods("spec_plugins:ngram", [2], None)[1].additional_config() == {
+        "spec_plugins": {"proposer": "ngram"}}
+
+
+@pytest.mark.parametrize("methods,options,match", [
+    ("nonsense", None, r"--methods nonsense: unknown"),
+    ("suffix_tree+adaptive", None, r"needs a step-cost model"),
+    ("ngram+adaptive", {"hardware": "h200"}, r"drives our proposers, not vLLM's 'ngram'"),
+    ("dflash:/no/such/dir", None, r"expected dflash:DIR"),
+    (",", None, r"expected a comma-separated list"),
+])
+def test_bad_methods(methods, options, match):
+    with pytest.raises(ValueError, match=match):
+        sweep.parse_methods(methods, [4], options)
+
+
+def test_prompt_slices_are_disjoint_and_cover_each_concurrency():
+    prompts = load_workload("code")
+    slices = sweep.slice_prompts(prompts, 2, [1, 2], per_slice=2)
+    ids = [p.id for s in slices.values() for p in s]
+    assert len(ids) == len(set(ids)) == 8 and set(slices) == {(0, 1), (0, 2), (1, 1), (1, 2)}
+    with pytest.raises(ValueError, match="cannot give 6 rounds x concurrency levels"):
+        sweep.slice_prompts(prompts, 3, [1, 4])
+
+
+def test_spec_decode_counters_from_metrics_text():
+    text = ("# HELP vllm:spec_decode_num_drafts_total Drafts\n# TYPE vllm:spec_decode_num_drafts_total counter\n"
+            'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 12.0\n'
+            "# TYPE vllm:spec_decode_num_draft_tokens_total counter\n"
+            'vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 48.0\n'
+            "# TYPE vllm:spec_decode_num_accepted_tokens_total counter\n"
+            'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 20.0\n'
+            "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0.0\n")
+    assert sweep.spec_counters(text) == {"num_drafts": 12, "num_draft_tokens": 48, "num_accepted_tokens": 20}
+    assert sweep.spec_counters("") == {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
+
+
+def test_summary_rows_medians_spread_and_identity():
+    def load(config, round_, wall, texts, drafts=0, accepted=0):
+        reqs = [sweep.RequestResult(f"p{i}", "c", [t], 10, 0.1, 1.0, drafts, accepted, drafts)
+                for i, t in enumerate(texts)]
+        return sweep.LoadResult(config, round_, 1, wall, reqs, drafts * len(texts), 0, accepted * len(texts))
+
+    configs = sweep.parse_methods("ngram", [4], None)
+    plan = sweep.SweepPlan("m", configs, [1], 3, 10, {})
+    loads = [load("none", r, w, ["a", "b"]) for r, w in enumerate([2.0, 1.0, 4.0])]
+    loads += [load("ngram K=4", r, w, ["a", "b" if r < 2 else "X"], drafts=2, accepted=3)
+              for r, w in enumerate([1.0, 0.5, 2.0])]
+    rows = sweep.summarize(plan, loads)
+    none, ngram = rows
+    assert none["tokens_per_s"] == 10.0 and none["spread"]["tokens_per_s"] == [5.0, 20.0]
+    assert ngram["tokens_per_s"] == 20.0 and ngram["speedup"] == 2.0
+    assert ngram["acceptance_length"] == 1 + 3 / 2 and none["acceptance_length"] is None
+    assert none["identical"] and not ngram["identical"]  # round 3's second answer differs
+    assert ngram["tpot_p50_ms"] == pytest.approx(100.0)  # (1.0 - 0.1) s over 9 tokens
+    cats = sweep.category_acceptance(loads)
+    assert {c["config"]: c["acceptance_length"] for c in cats}["ngram K=4"] == 2.5
