@@ -270,3 +270,41 @@ def test_shipped_engine_configs_pass_the_engines_rules():
     for f in trt_files:
         spec = yaml.safe_load(f.read_text())["speculative_config"]
         planner.check_trtllm_schedule(spec["draft_len_schedule"], spec["max_draft_len"])
+
+
+def test_schedule_is_non_increasing_and_has_the_fewest_ranges_within_one_percent():
+    from spec_plugins.policy.planner import stable_schedule
+
+    batches = [1, 2, 4, 8, 16, 32, 64]
+    tpot = {d: [0.01] * len(batches) for d in range(5)}
+    # D = 4 and 3 trade places by under 1% at every batch size; D = 1 wins clearly from batch 32 on.
+    speed = {0: [1.0] * 7, 1: [1.1, 1.1, 1.1, 1.1, 1.1, 1.6, 1.7], 2: [1.2] * 7,
+             3: [2.000, 1.995, 2.0, 1.990, 1.8, 1.3, 1.2], 4: [1.995, 2.0, 1.992, 2.0, 1.78, 1.2, 1.1]}
+    chosen, notes = stable_schedule(batches, speed, tpot)
+    # D = 3 is within 1% of the best up to batch 16: one range there, then D = 1 (never up again).
+    assert chosen == [3, 3, 3, 3, 3, 1, 1] and not notes
+    # The best D grows with the batch: the schedule may not follow it up. Least total shortfall beyond the
+    # margin: keep D = 2 from batch 1 (25% below D = 1 there) rather than lose 24% and 66% later; noted.
+    speed = {0: [1.0] * 3, 1: [2.0, 1.5, 1.0], 2: [1.5, 2.0, 3.0]}
+    chosen, notes = stable_schedule([1, 8, 64], speed, {d: [0.01] * 3 for d in range(3)})
+    assert chosen == [2, 2, 2] and notes == ["batch sizes [1]: more than 1% below the best D there, to keep "
+                                             "the schedule non-increasing"]
+    # A TPOT limit that only long drafts meet at a large batch cannot raise D either.
+    tpot = {0: [0.01, 0.01, 0.09], 1: [0.01, 0.01, 0.09], 2: [0.01, 0.01, 0.01]}
+    chosen, notes = stable_schedule([1, 8, 64], {0: [1.0] * 3, 1: [2.0, 2.0, 2.0], 2: [1.0, 1.0, 1.0]}, tpot,
+                                    tpot_ms=50)
+    assert chosen[0] >= chosen[1] >= chosen[2]
+
+
+def test_planned_code_edit_schedule_is_one_range():
+    from spec_plugins.policy import planner
+    from spec_plugins.policy.cost import step_cost
+    from spec_plugins.traces import load_traces
+
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "benchmarks" / "traces"
+    stats = planner.AcceptanceStats.from_traces(load_traces([root / "code_edits" / "suffix_tree.json"]))
+    p = planner.plan(step_cost(hardware="h200", model="llama-3.1-8b"), stats, 16)
+    assert all(a >= b for a, b in zip(p.chosen, p.chosen[1:]))
+    assert p.schedule_ranges() == [[1, 256, 16]]  # was [[1,7,16],[8,11,15],[12,15,16],[16,47,15],[48,256,16]]

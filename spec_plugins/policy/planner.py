@@ -131,7 +131,8 @@ class Plan:
 
 def plan(cost: StepCost, stats: AcceptanceStats, max_draft: int, max_batch: int = 256,
          tpot_ms: float | None = None) -> Plan:
-    """Best D at each planned batch size (`batch_grid`), capped by the batch-1 D (the engines' K)."""
+    """D at each planned batch size (`batch_grid`): within 1% of the best modelled speed-up, non-increasing in
+    the batch size and in the fewest ranges (`stable_schedule`); the batch-1 D is the engines' K."""
     if not 1 <= max_draft <= 128:
         raise ValueError(f"--max-draft: expected 1..128, got {max_draft}")
     if max_batch < 1:
@@ -146,24 +147,62 @@ def plan(cost: StepCost, stats: AcceptanceStats, max_draft: int, max_batch: int 
             s, t = modelled_speedup(cost, stats, b, d)
             speed[d].append(s)
             tpot[d].append(t)
-    chosen, notes = [], []
-    for i, b in enumerate(batches):
-        ok = [d for d in speed if tpot_ms is None or tpot[d][i] * 1e3 <= tpot_ms]
-        if not ok:
-            ok = [min(speed, key=lambda d: tpot[d][i])]
-            notes.append(f"batch {b}: no draft length meets tpot {tpot_ms} ms; fastest per token taken")
-        best = max(ok, key=lambda d: (speed[d][i], -d))
-        # Keep the previous batch size's D while it is within 1% of the best: modelled curves of
-        # neighbouring D often cross back and forth by fractions of a percent, and a schedule should not.
-        if chosen and chosen[-1] in ok and speed[chosen[-1]][i] >= (1.0 - STABLE_WITHIN) * speed[best][i]:
-            best = chosen[-1]
-        chosen.append(best)
-    # K (vLLM's num_speculative_tokens, TensorRT-LLM's max_draft_len) is the batch-1 length, and
-    # TensorRT-LLM requires schedule[1] == max_draft_len: no batch size drafts more than batch 1.
-    chosen = [min(d, chosen[0]) for d in chosen]
+    chosen, notes = stable_schedule(batches, speed, tpot, tpot_ms)
     if chosen[0] == 0:
         notes.append("speculation does not pay at any batch size on this hardware with this acceptance")
     return Plan(batches, max_draft, speed, tpot, chosen, tpot_ms, notes)
+
+
+def stable_schedule(batches: list[int], speed: dict[int, list[float]], tpot: dict[int, list[float]],
+                    tpot_ms: float | None = None, within: float = STABLE_WITHIN) -> tuple[list[int], list[str]]:
+    """D per batch size: non-increasing in the batch size, within `within` of the best modelled speed-up at
+    every batch size, in the fewest ranges (then the most speed-up over all batch sizes).
+
+    Modelled curves of neighbouring D cross back and forth by fractions of a percent, and an engine's schedule
+    should not. Where no D within the margin keeps the schedule non-increasing (the best D grows with the
+    batch), the least loss below the best is taken instead, and a note says so.
+    """
+    ds = sorted(speed)
+    notes: list[str] = []
+    allowed, loss = [], []  # per batch size: D meeting the TPOT limit; each D's shortfall beyond the margin
+    for i, b in enumerate(batches):
+        ok = [d for d in ds if tpot_ms is None or tpot[d][i] * 1e3 <= tpot_ms]
+        if not ok:
+            ok = [min(ds, key=lambda d: tpot[d][i])]
+            notes.append(f"batch {b}: no draft length meets tpot {tpot_ms} ms; fastest per token taken")
+        best = max(speed[d][i] for d in ok)
+        allowed.append(ok)
+        loss.append({d: max(0.0, (1.0 - within) * best - speed[d][i]) / best for d in ok})
+    # Dynamic programme over batch sizes: state = D at this batch size, cost = (shortfall beyond the margin,
+    # ranges, -speed-up), lexicographic; D never rises from one batch size to the next.
+    cost = {d: (loss[0][d], 1, -speed[d][0]) for d in allowed[0]}
+    back: list[dict[int, int]] = []
+    for i in range(1, len(batches)):
+        new, prev_of = {}, {}
+        for d in allowed[i]:
+            options = [(c[0] + loss[i][d], c[1] + (p != d), c[2] - speed[d][i], p) for p, c in cost.items() if p >= d]
+            if options:
+                *best_cost, p = min(options)
+                new[d], prev_of[d] = tuple(best_cost), p
+        if not new:  # every allowed D is above every D so far: take the largest D below them all
+            d = max(d for d in ds if d <= min(cost))
+            p = min(cost)
+            new[d], prev_of[d] = (cost[p][0] + 1.0, cost[p][1] + (p != d), cost[p][2] - speed[d][i]), p
+            notes.append(f"batch {batches[i]}: the TPOT limit allows only longer drafts than smaller batches; "
+                         f"kept D = {d}")
+        cost = new
+        back.append(prev_of)
+    d = min(cost, key=lambda k: cost[k])
+    chosen = [d]
+    for prev_of in reversed(back):
+        d = prev_of[d]
+        chosen.append(d)
+    chosen.reverse()
+    off = [b for i, b in enumerate(batches) if loss[i].get(chosen[i], 1.0) > 0]
+    if off:
+        notes.append(f"batch sizes {off}: more than {within:.0%} below the best D there, to keep the schedule "
+                     "non-increasing")
+    return chosen, notes
 
 
 def schedule_for_batch(p: Plan, batch: int) -> int:
