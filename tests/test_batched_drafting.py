@@ -85,6 +85,7 @@ def test_ngram_batch_drafts_equal_per_request_drafts(seed, layout):
         want = single.propose([DraftRequest(r, c, len(c), int(k)) for r, c, k in zip(ids, ctxs, caps)])
         got = batched.propose_batch(make_batch(ids, ctxs, [len(c) for c in ctxs], caps, layout, rng))
         assert got.lists() == [d.tokens for d in want]
+        assert [d.confidence for d in got.drafts()] == [d.confidence for d in want]  # from the match lengths
 
 
 def make_batch(ids, ctxs, new, caps, layout, rng) -> DraftBatch:

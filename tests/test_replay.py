@@ -168,9 +168,10 @@ def test_cli_json_and_traces(tmp_path, tok_dir, workload, monkeypatch) -> None:
     for key in ("acceptance_length", "speculate_us_median", "update_us_per_token", "steps", "finish_us_per_token"):
         assert key in stats
     assert report["proposers"]["ngram"]["steps"] == stats["steps"]
-    assert report["config"]["options"]["ngram"] == {"min_ngram": 2, "max_ngram": 4, "threads": -1, "parallel_from": 64}
+    assert report["config"]["options"]["ngram"] == {"min_ngram": 2, "max_ngram": 4, "threads": -1, "parallel_from": 64,
+                                                 "confidence": True}
 
-    for name, has_conf in (("ngram", False), ("replay_test_conf", True)):
+    for name, has_conf in (("ngram", True), ("replay_test_conf", True)):  # n-gram: from its match lengths
         doc = read_trace(traces / "tiny" / f"{name}.json")
         assert doc["format"] == TRACE_FORMAT and doc["max_draft"] == K and doc["proposer"] == name
         assert [r["id"] for r in doc["requests"]] == [f"r{k}" for k in range(len(TEXTS))]
@@ -205,7 +206,7 @@ def test_unknown_proposer_and_bad_options(capsys, workload) -> None:
 def test_labels_run_one_proposer_twice() -> None:
     assert isinstance(replay.make_proposer("ngram@small", {"max_ngram": 2}), NgramProposer)
     assert replay.effective_options("ngram@small", {"max_ngram": 2}) == {"min_ngram": 2, "max_ngram": 2, "threads": -1,
-                                                                         "parallel_from": 64}
+                                                                         "parallel_from": 64, "confidence": True}
 
 
 def test_arctic_adapter_on_a_repetitive_sequence(rows) -> None:
@@ -234,9 +235,11 @@ def test_vllm_ngram_matches_ngram(tmp_path, tok_dir, workload) -> None:
                     "--proposers", "ngram,vllm_ngram", "--max-draft", str(K), "--tokenizer", str(tok_dir),
                     "--trace-out", str(tmp_path), "--json", str(out), "--no-progress"],
                    check=True, capture_output=True, timeout=120)
-    ours = read_trace(tmp_path / "tiny" / "ngram.json")["requests"]
-    theirs = read_trace(tmp_path / "tiny" / "vllm_ngram.json")["requests"]
-    assert ours == theirs
+    def drafts(name):  # ours also carries confidences (from the match length); the drafts are the rule's
+        reqs = read_trace(tmp_path / "tiny" / f"{name}.json")["requests"]
+        return [[(s["pos"], s["drafted"], s["accepted"]) for s in r["steps"]] for r in reqs]
+
+    assert drafts("ngram") == drafts("vllm_ngram")
 
 
 def test_batched_walk_drafts_what_propose_drafts(rows) -> None:

@@ -20,6 +20,7 @@ namespace {
 struct Found {
   std::int64_t start = 0;  // first drafted position
   std::int64_t len = 0;    // drafted tokens
+  std::int64_t match = 0;  // length of the n-gram matched (0: no draft)
 };
 
 template <class T>
@@ -42,6 +43,7 @@ Found lookup(const T* tok, std::int64_t n, std::int64_t max_draft, std::int64_t 
   if (best < min_ngram || best_end < 0) return f;
   f.start = best_end + 1;
   f.len = std::min(max_draft, n - f.start);
+  f.match = f.len > 0 ? best : 0;
   return f;
 }
 
@@ -131,7 +133,10 @@ class Batch {
         T(O(i) + k) = itemsize == 4 ? static_cast<const std::int32_t*>(ptr[i])[at]
                                     : static_cast<const std::int64_t*>(ptr[i])[at];
       }
-    return py::make_tuple(tokens, offsets);
+    py::array_t<std::int64_t> match(n);
+    auto Mt = match.mutable_unchecked<1>();
+    for (py::ssize_t i = 0; i < n; ++i) Mt(i) = found[i].match;
+    return py::make_tuple(tokens, offsets, match);
   }
 
  private:
