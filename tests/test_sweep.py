@@ -184,3 +184,17 @@ def test_summary_rows_medians_spread_and_identity():
     assert ngram["tpot_p50_ms"] == pytest.approx(100.0)  # (1.0 - 0.1) s over 9 tokens
     cats = sweep.category_acceptance(loads)
     assert {c["config"]: c["acceptance_length"] for c in cats}["ngram K=4"] == 2.5
+
+
+def test_render_redoes_the_best_configs_from_results_json(tmp_path):
+    rows = rows_for([(10, 9), (30, 5)], [40, 60])
+    for r, (m, k) in zip(rows, [("suffix_tree+adaptive", 8), ("none", None)]):
+        r.update(method=m, draft_length=k, config=m if k is None else f"{m} K={k}")
+    (tmp_path / "results.json").write_text(json.dumps({"format": sweep.FORMAT, "model": "/m/SmolLM2", "workload": "code",
+                                                       "max_tokens": 8, "rounds": 1, "rows": rows}))
+    doc = sweep.render(tmp_path, [50, 100])
+    assert [b["config"] for b in doc["best"]] == ["suffix_tree+adaptive K=8", "none"]
+    assert doc["best"][0]["additional_config"]["spec_plugins"]["policy_options"] == {"profile": sweep.CPU_PROFILE}
+    assert json.loads((tmp_path / "best_configs.json").read_text()) == doc["best"]
+    with pytest.raises(ValueError, match="no readable results.json"):
+        sweep.render(tmp_path / "nowhere", [1])

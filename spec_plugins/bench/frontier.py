@@ -44,8 +44,8 @@ def best_per_target(rows: Sequence[dict], tpot_targets_ms: Sequence[float]) -> l
 
 
 def plot_frontier(rows: Sequence[dict], path: str | Path, title: str) -> Path:
-    """Tokens/s per user against total tokens/s, one marker per method, each point labelled with its draft
-    length and concurrency; the frontier drawn through the points on it."""
+    """Tokens/s per user against total tokens/s, one marker per method, bars for the spread over rounds; the
+    frontier drawn through the points on it, which are labelled in full (the others by draft length)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -53,24 +53,36 @@ def plot_frontier(rows: Sequence[dict], path: str | Path, title: str) -> Path:
 
     pts = [(r["tokens_per_s"], r["tokens_per_s_per_user"]) for r in rows]
     front = pareto_front(pts)
+    on_front = set(front)
     methods = list(dict.fromkeys(r["method"] for r in rows))
     markers = "osD^v<>phX*"
-    fig, ax = plt.subplots(figsize=(10, 6.5), dpi=120)
+    fig, ax = plt.subplots(figsize=(11, 7), dpi=120)
     cmap = plt.get_cmap("tab10")
     for m_i, method in enumerate(methods):
         mine = [i for i, r in enumerate(rows) if r["method"] == method]
-        ax.scatter([pts[i][0] for i in mine], [pts[i][1] for i in mine], s=64, marker=markers[m_i % len(markers)],
-                   color=cmap(m_i % 10), label=method, zorder=3, edgecolors="black", linewidths=0.5)
+        color = cmap(m_i % 10)
+        for i in mine:  # the spread over rounds first, under the markers
+            if rows[i].get("spread"):
+                lo, hi = rows[i]["spread"]["tokens_per_s"]
+                ax.plot([lo, hi], [pts[i][1]] * 2, color=color, alpha=0.3, lw=2, zorder=1)
+        ax.scatter([pts[i][0] for i in mine], [pts[i][1] for i in mine], s=70, marker=markers[m_i % len(markers)],
+                   color=color, label=method, zorder=3, edgecolors="black", linewidths=0.5)
         for i in mine:
             r = rows[i]
-            label = f"c{r['concurrency']}" if r["draft_length"] is None else f"K{r['draft_length']} c{r['concurrency']}"
-            ax.annotate(label, pts[i], textcoords="offset points", xytext=(5, 4), fontsize=7, color="0.25")
-        if any(r.get("spread") for r in (rows[i] for i in mine)):
-            for i in mine:
-                lo, hi = rows[i]["spread"]["tokens_per_s"]
-                ax.plot([lo, hi], [pts[i][1]] * 2, color=cmap(m_i % 10), alpha=0.35, lw=2, zorder=2)
-    ax.plot([pts[i][0] for i in front], [pts[i][1] for i in front], color="black", lw=1.2, ls="--", zorder=1,
-            label="Pareto frontier")
+            k = "" if r["draft_length"] is None else f"K{r['draft_length']}"
+            if i in on_front:  # the points worth deploying: named in full
+                ax.annotate(f"{method} {k} c{r['concurrency']}".replace("  ", " "), pts[i], textcoords="offset points",
+                            xytext=(7, 5), fontsize=8, fontweight="bold", zorder=4)
+            elif k:
+                ax.annotate(k, pts[i], textcoords="offset points", xytext=(5, -9), fontsize=6.5, color="0.35")
+    for c in sorted({r["concurrency"] for r in rows}):  # one cloud per load level: say which
+        mine = [pts[i] for i, r in enumerate(rows) if r["concurrency"] == c]
+        x = sum(p[0] for p in mine) / len(mine)
+        ax.annotate(f"concurrency {c}", (x, max(p[1] for p in mine)), textcoords="offset points", xytext=(0, 16),
+                    ha="center", fontsize=9, color="0.3", style="italic")
+    ax.plot([pts[i][0] for i in front], [pts[i][1] for i in front], color="black", lw=1.2, ls="--", zorder=2,
+            label="Pareto frontier (bold labels)")
+    ax.margins(x=0.06, y=0.1)  # room for the labels at the edges
     ax.set_xlabel("total output tokens/s (throughput)")
     ax.set_ylabel("output tokens/s per user (interactivity)")
     ax.set_title(title, fontsize=10)

@@ -423,6 +423,7 @@ def write_outputs(out: Path, plan: SweepPlan, loads: list[LoadResult], rows: lis
     doc = {"format": FORMAT, "command": command, "model": plan.model, "workload": workload,
            "max_tokens": plan.max_tokens, "rounds": plan.rounds, "rows": rows, "frontier": frontier,
            "categories": cats, "best": best,
+           "policy_options": next((dict(c.policy_options) for c in plan.configs if c.adaptive), None),
            "loads": [{**{k: v for k, v in asdict(l).items() if k != "requests"},
                       "requests": [{k: v for k, v in asdict(r).items() if k != "texts"} for r in l.requests]}
                      for l in loads]}
@@ -441,9 +442,39 @@ def write_outputs(out: Path, plan: SweepPlan, loads: list[LoadResult], rows: lis
         for c in cats:
             w.writerow([c["config"], c["category"], c["requests"], _cell(c["acceptance_length"])])
     (out / "best_configs.json").write_text(json.dumps(best, indent=1) + "\n")
-    plot_frontier(rows, out / "pareto.png",
-                  f"{Path(plan.model).name}: {workload}, {plan.max_tokens} tokens, median of {plan.rounds} rounds "
-                  "(bars: min-max)")
+    plot_frontier(rows, out / "pareto.png", plot_title(plan.model, workload, plan.max_tokens, plan.rounds))
+    return doc
+
+
+def plot_title(model: str, workload: str, max_tokens: int, rounds: int) -> str:
+    names = "+".join(Path(w).stem if "/" in w else w for w in workload.split("+"))
+    return (f"{Path(model).name} on vllm serve: {names}, {max_tokens} output tokens, median of {rounds} rounds "
+            "(bars: min-max over rounds)")
+
+
+def render(out: Path, targets: Sequence[float]) -> dict:
+    """best_configs.json, pareto.png and results.json's best again from a finished sweep's results.json
+    (other --tpot-ms targets, a new plot) without running anything."""
+    from spec_plugins.bench.frontier import plot_frontier
+
+    path = out / "results.json"
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"--render {out}: no readable results.json ({exc})") from None
+    if doc.get("format") != FORMAT:
+        raise ValueError(f"--render {out}: {path} is not a sweep result (format {doc.get('format')!r})")
+    options = tuple(sorted((doc.get("policy_options") or {"profile": CPU_PROFILE}).items()))
+    configs = {}
+    for r in doc["rows"]:
+        adaptive = r["method"].endswith("+adaptive")
+        configs[r["config"]] = Config(r["method"], r["draft_length"], options if adaptive else ())
+    plan = SweepPlan(doc["model"], list(configs.values()), [], doc["rounds"], doc["max_tokens"], {})
+    doc["best"] = best_configs(plan, doc["rows"], targets)
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    (out / "best_configs.json").write_text(json.dumps(doc["best"], indent=1) + "\n")
+    plot_frontier(doc["rows"], out / "pareto.png", plot_title(doc["model"], doc["workload"], doc["max_tokens"],
+                                                                doc["rounds"]))
     return doc
 
 
@@ -493,6 +524,8 @@ def add_sweep_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--url", help="a running OpenAI-compatible server to measure instead (one method only)")
     p.add_argument("--no-traces", action="store_true", help="skip the acceptance traces for `spec-plugins plan`")
     p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--render", action="store_true", help="run nothing: redo best_configs.json and pareto.png from "
+                   "--out's results.json (e.g. for other --tpot-ms)")
     p.set_defaults(func=_cmd_sweep)
     return p
 
@@ -514,9 +547,16 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
     from rich.console import Console
     from tqdm import tqdm
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, width=max(120, Console(stderr=True).width))
+    try:
+        targets = [float(x) for x in args.tpot_ms.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--tpot-ms: expected comma-separated milliseconds, got {args.tpot_ms!r}") from None
+    if args.render:
+        doc = render(Path(args.out), targets)
+        print_summary(console, doc["rows"], Path(args.out), doc["best"])
+        return
     ks, conc = _ints(args.draft_lengths, "--draft-lengths"), _ints(args.concurrency, "--concurrency")
-    targets = [float(x) for x in args.tpot_ms.split(",") if x.strip()]
     model = args.model
     if model == "smollm2":
         from spec_plugins.models import smollm2_path
@@ -559,11 +599,11 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
         bar.close()
     rows = summarize(plan, loads)
     command = "spec-plugins sweep " + " ".join(shlex.quote(a) for a in sys.argv[2:])
-    write_outputs(out, plan, loads, rows, targets, command, "+".join(specs))
+    doc = write_outputs(out, plan, loads, rows, targets, command, "+".join(specs))
     if not args.no_traces and args.url is None:
         by_id = {p.id: p for p in prompts}
         write_traces(out, model, loads, by_id, max(ks))
-    print_summary(console, rows, out)
+    print_summary(console, rows, out, doc["best"])
 
 
 def _interleave(prompts: list[Prompt], specs: Sequence[str]) -> list[Prompt]:
@@ -579,7 +619,7 @@ def _interleave(prompts: list[Prompt], specs: Sequence[str]) -> list[Prompt]:
     return out
 
 
-def print_summary(console: Any, rows: list[dict], out: Path) -> None:
+def print_summary(console: Any, rows: list[dict], out: Path, best: Sequence[dict] = ()) -> None:
     from rich.table import Table
 
     table = Table(title=f"sweep: medians over rounds ({out})")
@@ -593,4 +633,17 @@ def print_summary(console: Any, rows: list[dict], out: Path) -> None:
                       "-" if r["tpot_p50_ms"] is None else f"{r['tpot_p50_ms']:.1f} ms",
                       "yes" if r["identical"] else "[red]NO[/]")
     console.print(table)
+    for b in best:
+        if b["config"] is None:
+            console.print(f"TPOT <= {b['tpot_ms']:g} ms: no configuration meets it")
+        else:
+            console.print(f"TPOT <= {b['tpot_ms']:g} ms: [bold]{b['config']}[/] at concurrency {b['concurrency']} "
+                          f"({b['tokens_per_s']:.1f} tokens/s, TPOT p50 {b['tpot_p50_ms']:.1f} ms): "
+                          + " ".join(shlex_quote(a) for a in b["vllm_serve_args"]))
     console.print(f"results.csv, results.json, pareto.png, categories.csv, best_configs.json in {out}")
+
+
+def shlex_quote(arg: str) -> str:
+    import shlex
+
+    return shlex.quote(arg)
