@@ -507,7 +507,7 @@ def add_sweep_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--workload", action="append", default=None,
                    help="a Spec-Bench or plain JSONL file, a SPEED-Bench parquet (file or folder), 'spec_bench' "
                         "(bundled rows) or 'code' (code rewrites); repeat to mix (default: spec_bench and code)")
-    p.add_argument("--categories", help="keep these categories (comma-separated)")
+    p.add_argument("--categories", help="keep these categories (comma-separated; not applied to 'code')")
     p.add_argument("--limit", type=int, help="at most this many prompts per workload (round-robin over categories)")
     p.add_argument("--turns", choices=("first", "all"), default="first", help="multi-turn conversations: first turn or all")
     p.add_argument("--methods", default="none,ngram,suffix,suffix_tree,suffix_tree+adaptive")
@@ -607,7 +607,7 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
 
 
 def _interleave(prompts: list[Prompt], specs: Sequence[str]) -> list[Prompt]:
-    """Workloads alternate, so that every slice mixes them."""
+    """Categories (and so workloads) alternate, so that every slice mixes them."""
     groups: dict[str, list[Prompt]] = {}
     for p in prompts:
         groups.setdefault(p.category or "", []).append(p)
