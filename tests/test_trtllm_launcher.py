@@ -111,7 +111,10 @@ def test_our_section_becomes_a_user_provided_drafter(fake_trtllm):
     assert llm.kwargs["disable_overlap_scheduler"] is True
     config = llm.kwargs["speculative_config"]
     assert isinstance(config, FakeUserProvidedDecodingConfig)
-    schedule = {1: 16, 24: 13, 32: 16}
+    import yaml
+
+    schedule = yaml.safe_load((CONFIGS / "suffix_tree-adaptive.yaml").read_text())["speculative_config"]["draft_len_schedule"]
+    assert schedule[1] == 16  # the planner's H200 plan: one range of K = 16
     drafter = config.kwargs["drafter"]
     assert isinstance(drafter, FakeDrafter)
     assert drafter.kwargs == {
