@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import shlex
 import statistics
 import sys
 import time
@@ -542,7 +543,6 @@ def _ints(value: str, flag: str) -> list[int]:
 
 def _cmd_sweep(args: argparse.Namespace) -> None:
     import os
-    import shlex
 
     from rich.console import Console
     from tqdm import tqdm
@@ -639,11 +639,5 @@ def print_summary(console: Any, rows: list[dict], out: Path, best: Sequence[dict
         else:
             console.print(f"TPOT <= {b['tpot_ms']:g} ms: [bold]{b['config']}[/] at concurrency {b['concurrency']} "
                           f"({b['tokens_per_s']:.1f} tokens/s, TPOT p50 {b['tpot_p50_ms']:.1f} ms): "
-                          + " ".join(shlex_quote(a) for a in b["vllm_serve_args"]))
+                          + " ".join(shlex.quote(a) for a in b["vllm_serve_args"]))
     console.print(f"results.csv, results.json, pareto.png, categories.csv, best_configs.json in {out}")
-
-
-def shlex_quote(arg: str) -> str:
-    import shlex
-
-    return shlex.quote(arg)
