@@ -1,1 +1,14 @@
-"""Triton/CUDA kernels where the engines' kernels lose work to tile alignment (installed as `spec_plugins.kernels`)."""
+"""Triton kernels where the engines' kernels lose work to tile alignment (installed as `spec_plugins.kernels`).
+
+verify_attention  verification attention (`verify_attention.verify_attention`): the verified token plus the
+                  drafts of each request, causal within that block, ragged across the batch, with the
+                  G * (1 + D) rows of a grouped-query KV head packed into one tile so each KV block is read
+                  once for all of them; contiguous or paged KV.
+dspark_walk       the DSpark Markov walk of a block (`dspark_walk.dspark_walk`): the sequential
+                  gather -> rank-r projection -> add -> argmax loop of `markov_walk` (greedy; vanilla, gated
+                  and rnn heads; with or without draft_topk) as one launch.
+
+Dispatch rule (both): the Triton kernel for CUDA tensors, or for any tensors when the module was imported
+with TRITON_INTERPRET=1 (CPU testing); otherwise (or without triton) the torch reference
+(`verify_attention_reference`, `dspark_walk_reference`). `*_triton` call the kernels directly.
+"""
