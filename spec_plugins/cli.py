@@ -141,8 +141,17 @@ def _cmd_plan(args: argparse.Namespace) -> None:
         raise ValueError("expected exactly one of --hardware (with --model-config) or --profile")
     if args.draft_us < 0:
         raise ValueError(f"--draft-us: expected >= 0, got {args.draft_us}")
-    stats = planner.AcceptanceStats.from_traces(
-        load_traces([a for a in args.acceptance.split(",") if a.strip()]))
+    paths = [a.strip() for a in args.acceptance.split(",") if a.strip()]
+    traces = load_traces(paths)
+    for path, doc in zip(paths, traces):
+        recorded = planner.trace_mechanism(doc.get("proposer", ""))
+        if recorded is not None and recorded != args.mechanism:  # None: a proposer no engine serves natively
+            raise ValueError(f"--mechanism {args.mechanism}: the trace {path} recorded proposer {doc.get('proposer')!r} "
+                             f"(mechanism {recorded!r}); plan a mechanism with its own traces")
+        if args.max_draft > doc["max_draft"]:
+            raise ValueError(f"--max-draft {args.max_draft}: the trace {path} drafted at most {doc['max_draft']} "
+                             f"tokens per step; expected --max-draft <= {doc['max_draft']}")
+    stats = planner.AcceptanceStats.from_traces(traces)
     from spec_plugins.policy.cost import step_cost
 
     if args.profile:
@@ -171,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
         args.func(args)
     except (ValueError, RuntimeError) as exc:  # bad input or a failed engine run: its message, no traceback
         print(f"spec-plugins: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a file named on the command line that cannot be read or written
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"spec-plugins: error: {where}{exc.strerror or exc}", file=sys.stderr)
         return 2
     return 0
 

@@ -99,7 +99,7 @@ def _one_line(exc: pydantic.ValidationError, prefix: str) -> str:
     parts = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in (prefix, *err["loc"]) if p != "")
-        msg = "unknown option" if err["type"] == "extra_forbidden" else err["msg"]
+        msg = "unknown option" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
         parts.append(f"{loc}: {msg} (got {err.get('input')!r})")
     return "; ".join(parts)
 

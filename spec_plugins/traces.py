@@ -23,6 +23,8 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
+import pydantic
+
 TRACE_FORMAT = "spec-plugins-replay-trace/1"
 
 
@@ -51,15 +53,44 @@ def write_trace(path: str | Path, doc: dict[str, Any]) -> Path:
     return out
 
 
+class _Step(pydantic.BaseModel):
+    pos: pydantic.NonNegativeInt
+    drafted: pydantic.NonNegativeInt
+    accepted: pydantic.NonNegativeInt
+    confidence: list[float] | None = None
+
+
+class _Request(pydantic.BaseModel):
+    id: str
+    prompt_len: pydantic.NonNegativeInt
+    response_len: pydantic.NonNegativeInt
+    steps: list[_Step]
+
+
+class _Trace(pydantic.BaseModel):
+    format: str
+    proposer: str = ""
+    max_draft: pydantic.PositiveInt
+    requests: list[_Request]
+
+
 def read_trace(path: str | Path) -> dict[str, Any]:
-    """Load a trace file, checking its format tag and step fields."""
+    """Load a trace file, checking its format tag, its shape and its step fields (one-line ValueErrors)."""
     doc = json.loads(Path(path).read_text())
-    if doc.get("format") != TRACE_FORMAT:
-        raise ValueError(f"{path}: not a replay trace (format {doc.get('format')!r}, expected {TRACE_FORMAT!r})")
+    if not isinstance(doc, dict) or doc.get("format") != TRACE_FORMAT:
+        found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+        raise ValueError(f"{path}: not a replay trace (format {found!r}, expected {TRACE_FORMAT!r})")
+    try:
+        _Trace.model_validate(doc)
+    except pydantic.ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        raise ValueError(f"{path}: {loc}: {err['msg'].lower()} (got {err.get('input')!r:.60})") from None
     for req in doc["requests"]:
         for s in req["steps"]:
             if not 0 <= s["accepted"] <= s["drafted"] <= doc["max_draft"]:
-                raise ValueError(f"{path}: request {req['id']!r}: bad step {s}")
+                raise ValueError(f"{path}: request {req['id']!r}: bad step {s} (expected accepted <= drafted <= "
+                                 f"max_draft {doc['max_draft']})")
     return doc
 
 

@@ -108,14 +108,6 @@ def test_lossless_for_any_workload_and_schedule(trtllm, seed, proposer, schedule
         assert all(len(d) <= rec.k for d in rec.drafts.values())
 
 
-def test_schedule_k0_turns_speculation_off_for_the_step(trtllm):
-    drafter = make(trtllm, proposer="ngram", draft_len_schedule={1: K, 3: 0})
-    ex = run(drafter, max_batch_size=4)
-    off = [rec for rec in ex.log if rec.active >= 3]
-    assert off and all(not rec.use_spec_decode and not rec.drafts for rec in off)
-    assert any(rec.drafts for rec in ex.log if rec.active < 3)
-
-
 # ---- acceptance reaches the policy --------------------------------------------------------------------
 
 
@@ -313,7 +305,9 @@ def test_pickling_keeps_the_bound_model(trtllm):
 def test_draft_len_for_batch_size(trtllm):
     drafter = make(trtllm, proposer="ngram", draft_len_schedule={8: 0, 1: K, 4: 2})
     assert list(drafter.draft_len_schedule) == [1, 4, 8]
-    assert [drafter.get_draft_len_for_batch_size(b) for b in (1, 3, 4, 7, 8, 100)] == [K, K, 2, 2, 0, 0]
+    # K = 0 reaches the engine as 1 (its 1.2 executor would disable those requests for good), drafts cut to 0
+    assert [drafter.get_draft_len_for_batch_size(b) for b in (1, 3, 4, 7, 8, 100)] == [K, K, 2, 2, 1, 1]
+    assert drafter._step_cap == 0
     # A policy that is not fixed gets {1: K} so the executor asks it every step; fixed keeps no schedule.
     assert make(trtllm, policy="adaptive", policy_options=POLICIES["adaptive"]).draft_len_schedule == {1: K}
     assert make(trtllm).draft_len_schedule is None
@@ -333,6 +327,37 @@ def test_policy_batch_cap_hook(trtllm):
     assert [drafter.get_draft_len_for_batch_size(b) for b in (1, 2)] == [K, 1]
     ex = run(drafter)
     assert all(len(d) <= 1 for rec in ex.log if rec.active >= 2 for d in rec.drafts.values())
+
+
+class WantsZero(RecordingPolicy):
+    """A policy whose batch-level limit is 0 draft tokens from 3 requests on."""
+
+    def batch_cap(self, batch_size):
+        return 0 if batch_size >= 3 else None
+
+
+register_policy("trtllm-test-wants-zero", WantsZero)
+
+
+@pytest.mark.parametrize("how", ["schedule", "policy"])
+def test_k0_never_reaches_the_executor_and_no_request_is_disabled(trtllm, how):
+    """1.2's executor disables speculation for good for every request of a K = 0 step: ours tells it 1 and
+    cuts the drafts of that step to nothing, per request, so the requests speculate again afterwards."""
+    if how == "schedule":
+        drafter = make(trtllm, proposer="ngram", draft_len_schedule={1: K, 3: 0})
+    else:
+        drafter = make(trtllm, proposer="ngram", policy="trtllm-test-wants-zero")
+    assert drafter.get_draft_len_for_batch_size(4) == 1 and drafter.get_draft_len_for_batch_size(1) == K
+    ex = run(drafter, max_batch_size=4)
+    zero = [rec for rec in ex.log if rec.active >= 3]
+    assert zero and all(rec.k == 1 and rec.use_spec_decode for rec in zero)
+    assert all(d == [] for rec in zero for d in rec.drafts.values())  # the policy's 0, per request
+    assert not any(r.py_disable_speculative_decoding for r in ex.finished)
+    in_zero_steps = {req_id for rec in zero for req_id in rec.drafts}
+    later = {req_id for i, rec in enumerate(ex.log) if rec.active < 3 and any(z.step < rec.step for z in zero)
+             for req_id, d in rec.drafts.items() if d}
+    assert in_zero_steps & later, "requests of a K = 0 step must draft again once the batch shrinks"
+    assert outputs(ex) == outputs(run(None, max_batch_size=4))
 
 
 def test_max_concurrency_is_the_base_class_gate(trtllm):

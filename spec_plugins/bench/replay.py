@@ -118,7 +118,12 @@ def load_workload(path: str | Path, tokenizer: TextTokenizer, limit: int | None 
             try:
                 obj = json.loads(line)
                 rid, prompt, response = str(obj["id"]), obj["prompt"], obj["response"]
-            except (ValueError, KeyError, TypeError) as exc:
+                if not isinstance(prompt, str) or not isinstance(response, str):
+                    raise TypeError("prompt and response must be strings")
+            except KeyError as exc:
+                raise ValueError(f"{path}:{lineno}: missing field {exc.args[0]!r} (expected a JSON object with id, "
+                                 "prompt, response)") from None
+            except (ValueError, TypeError) as exc:
                 raise ValueError(f"{path}:{lineno}: expected a JSON object with id, prompt, response ({exc})") from None
             rows.append(Row(
                 rid,
@@ -478,22 +483,27 @@ def main(argv: list[str] | None = None) -> int:
         if baseline not in names:
             raise ValueError(f"--baseline {baseline!r} is not in --proposers")
         probes = {p: make_proposer(p, options.get(p)) for p in names}  # fail fast on names and options
-    except (ValueError, ImportError) as exc:
-        err.print(f"[red]error:[/red] {exc}")
+        for f in args.workload:
+            if not Path(f).is_file():
+                raise ValueError(f"--workload {f}: no such file")
+        tok = TextTokenizer(args.tokenizer)
+        workloads = []
+        seen_names: set[str] = set()
+        for f in args.workload:
+            name = Path(f).stem
+            while name in seen_names:
+                name += "_"
+            seen_names.add(name)
+            rows = load_workload(f, tok, args.limit)
+            if not rows:
+                raise ValueError(f"--workload {f}: no rows (expected JSON lines with id, prompt, response)")
+            workloads.append((name, f, rows))
+    except (ValueError, ImportError, OSError) as exc:
+        err.print(f"[red]error:[/red] {exc}", soft_wrap=True)
         return 2
     notes = {p: update_note(base_name(p), inst) for p, inst in probes.items()}
     del probes
     options = {p: effective_options(p, options.get(p)) for p in names}
-
-    tok = TextTokenizer(args.tokenizer)
-    workloads = []
-    seen_names: set[str] = set()
-    for f in args.workload:
-        name = Path(f).stem
-        while name in seen_names:
-            name += "_"
-        seen_names.add(name)
-        workloads.append((name, f, load_workload(f, tok, args.limit)))
 
     results: list[WorkloadResult] = []
     total = sum(len(rows) * len(names) + len(names) for _, _, rows in workloads)

@@ -60,6 +60,32 @@ class AdaptiveLength:
         request_correction: float = pydantic.Field(default=8.0, ge=0.0)  # pseudo-trials; 0 = off
         max_draft_tokens_per_step: int | None = pydantic.Field(default=None, ge=0)  # over the whole batch
 
+        # Names are resolved here, so a bad one is reported under its field (policy_options.hardware: ...)
+        # when the engine starts, not when the first step costs a draft.
+        @pydantic.field_validator("hardware")
+        @classmethod
+        def _known_hardware(cls, value: str | None) -> str | None:
+            if value is not None:
+                from spec_plugins.policy.hardware import load_hardware
+
+                try:
+                    load_hardware(value)
+                except ValueError as exc:
+                    raise ValueError(str(exc).removeprefix("hardware: ")) from None
+            return value
+
+        @pydantic.field_validator("profile")
+        @classmethod
+        def _known_profile(cls, value: str | None) -> str | None:
+            if value is not None:
+                from spec_plugins.policy.measured import profile_path
+
+                try:
+                    profile_path(value)
+                except ValueError as exc:
+                    raise ValueError(str(exc).removeprefix("policy_options.profile: ")) from None
+            return value
+
     def __init__(self, *, cost: StepCost | None = None, **options: Any) -> None:
         opts = self.Options(**options)
         self.options = opts

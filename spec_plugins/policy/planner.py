@@ -223,6 +223,13 @@ def to_json(p: Plan) -> dict[str, Any]:
 # ---- what the planner writes ---------------------------------------------------------------------
 
 MECHANISMS = ("ngram", "suffix", "suffix_tree")
+# The replay benchmark's proposer names (traces' "proposer") -> the mechanism an engine serves them as.
+TRACE_PROPOSERS = {"suffix_tree": "suffix_tree", "arctic": "suffix", "vllm_ngram": "ngram", "ngram": "ngram"}
+
+
+def trace_mechanism(proposer: str) -> str | None:
+    """The mechanism a trace's proposer (`name` or `name@label`) is served as, or None if no engine serves it."""
+    return TRACE_PROPOSERS.get(proposer.split("@", 1)[0])
 
 
 def vllm_speculative_config(p: Plan, mechanism: str) -> dict[str, Any]:

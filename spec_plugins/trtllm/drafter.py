@@ -11,8 +11,10 @@
 What the executor does with a drafter (`PyExecutor`, 1.2), and what this adapter does in return:
 
 * Each iteration, when the drafter has a `draft_len_schedule`, the executor calls
-  `get_draft_len_for_batch_size(active batch size)` and `update_max_total_draft_tokens(k)`; k = 0 turns
-  speculation off for the step. So `self.max_draft_len` is the engine's cap for this step. A policy
+  `get_draft_len_for_batch_size(active batch size)` and `update_max_total_draft_tokens(k)`; k = 0 would
+  turn speculation off for the step and, in 1.2, for good for the requests it schedules, so ours returns
+  at least 1 and cuts drafts per request to the resolved K (0 included). So `self.max_draft_len` is the
+  engine's cap for this step. A policy
   that is not `fixed` always gets a schedule (`{1: max_draft_len}` by default) so it is asked every step.
 * `prepare_draft_tokens(batch)` writes each generation request's `py_draft_tokens`: the adapter hands the
   step's contexts (`get_tokens(0)`; cap: this step's `max_draft_len`, and the request's remaining
@@ -164,7 +166,7 @@ class DrafterLogic:
             room = req.py_orig_prompt_len + req.py_max_new_tokens - len(tokens) - 1
             targets.append(req)
             contexts.append(tokens)
-            caps.append(max(0, min(int(self.max_draft_len), room)))
+            caps.append(max(0, min(int(self.max_draft_len), self._step_cap, room)))
             accepted.append(self._accepted(req))
         self._sweep_finished({r.py_request_id for r in scheduled_requests.generation_requests})
         drafts = layer.step([r.py_request_id for r in targets], contexts, [len(c) for c in contexts],
@@ -180,15 +182,22 @@ class DrafterLogic:
         The engine pads every draft to the static maximum, so a shorter engine-wide K saves drafter
         time, and K = 0 skips the step's speculation (and its padded verification) altogether. The
         policy can only lower the schedule's value: the schedule is the operator's limit, and the
-        engine sized its buffers for `max_draft_len`. Caution (1.2): when K = 0 the executor marks the
-        requests it schedules in that step `py_disable_speculative_decoding` and never clears the flag.
+        engine sized its buffers for `max_draft_len`.
+
+        Never 0: in 1.2 a step whose K is 0 marks every request it schedules
+        `py_disable_speculative_decoding`, and nothing clears the flag, so those requests would never
+        speculate again (and the drafter's state for them goes stale). A K of 0 from the schedule or
+        the policy is therefore returned as 1 and applied per request instead: `prepare_draft_tokens`
+        cuts every draft of that step to 0 tokens (the engine verifies one pad token per request).
         """
         if self.draft_len_schedule is None:
             k = self._config["max_draft_len"]
         else:
             k = super().get_draft_len_for_batch_size(batch_size)
         cap = policy_batch_cap(self.policy, batch_size)
-        return k if cap is None else min(k, cap)
+        k = k if cap is None else min(k, cap)
+        self._step_cap = k
+        return max(k, 1)
 
     # ---- pickling ---------------------------------------------------------------------------------
 
@@ -214,6 +223,8 @@ class DrafterLogic:
 
     def _init_runtime(self) -> None:
         self._drafting: Optional[DraftingLayer] = None
+        # This step's K as the schedule and policy resolved it (0 included; the engine is told at least 1).
+        self._step_cap = 2**31 - 1
         # TensorRT-LLM's own request objects, to read a request's state once it has left the batch, and
         # the `py_decoding_iter` at which each request's last draft was written (to tell when it is verified).
         self._requests: dict[Hashable, Any] = {}
