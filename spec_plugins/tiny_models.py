@@ -13,7 +13,7 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from spec_plugins.models import (
     _FORMAT_VERSION,
@@ -166,7 +166,6 @@ def build_local_tokenizer(out_dir: str | os.PathLike, vocab_size: int = 512) -> 
     ``AutoTokenizer.from_pretrained`` and by vLLM.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
 
     specials = list(_LOCAL_SPECIALS.values())
     n_min = 256 + len(specials)
@@ -191,14 +190,7 @@ def build_local_tokenizer(out_dir: str | os.PathLike, vocab_size: int = 512) -> 
         special_tokens=[(bos, tok.token_to_id(bos))],
     )
 
-    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, **_LOCAL_SPECIALS)
-    hf_tok.chat_template = _LOCAL_CHAT_TEMPLATE
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    hf_tok.save_pretrained(out)
-    _set_tokenizer_config(out, tokenizer_class="PreTrainedTokenizerFast", add_bos_token=True)
-    _write_special_tokens_map(out, dict(_LOCAL_SPECIALS))
-    return hf_tok
+    return _save_tokenizer(tok, out_dir, add_bos_token=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -210,6 +202,37 @@ _TOKENIZER_FILES = (
     "special_tokens_map.json",
     "chat_template.jinja",
 )
+
+
+def build_word_tokenizer(out_dir: str | os.PathLike, vocab_size: int) -> "PreTrainedTokenizerFast":
+    """A word-level tokenizer of exactly ``vocab_size`` ids: the four special tokens of
+    :func:`build_local_tokenizer` (same ids), then words ``w4`` ... ``w{vocab_size-1}``, split on
+    whitespace. For targets with a vocabulary small enough that a sampled token's distribution can be
+    tested cell by cell."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    specials = list(_LOCAL_SPECIALS.values())
+    if vocab_size < len(specials) + 2:
+        raise ValueError(f"vocab_size must be at least {len(specials) + 2}, got {vocab_size}")
+    vocab = {t: i for i, t in enumerate(specials)} | {f"w{i}": i for i in range(len(specials), vocab_size)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=_LOCAL_SPECIALS["unk_token"]))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
+    return _save_tokenizer(tok, out_dir, add_bos_token=False)
+
+
+def _save_tokenizer(tok: Any, out_dir: str | os.PathLike, add_bos_token: bool) -> "PreTrainedTokenizerFast":
+    """Write a `tokenizers.Tokenizer` as a Hugging Face tokenizer folder with our specials and chat template."""
+    from transformers import PreTrainedTokenizerFast
+
+    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, **_LOCAL_SPECIALS)
+    hf_tok.chat_template = _LOCAL_CHAT_TEMPLATE
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    hf_tok.save_pretrained(out)
+    _set_tokenizer_config(out, tokenizer_class="PreTrainedTokenizerFast", add_bos_token=add_bos_token)
+    _write_special_tokens_map(out, dict(_LOCAL_SPECIALS))
+    return hf_tok
 
 
 def _default_head_dim(hidden_size: int, num_heads: int) -> int:
@@ -224,7 +247,7 @@ def _default_head_dim(hidden_size: int, num_heads: int) -> int:
 def build_tiny_model(
     out_dir: str | os.PathLike,
     arch: Literal["llama", "qwen3"] = "llama",
-    tokenizer: Literal["local", "smollm2"] = "local",
+    tokenizer: Literal["local", "smollm2", "words"] = "local",
     hidden_size: int = 64,
     num_layers: int = 2,
     num_heads: int = 4,
@@ -234,6 +257,8 @@ def build_tiny_model(
     seed: int = 0,
     dtype: str = "float32",
     head_dim: int | None = None,
+    vocab_size: int = 32,
+    logit_scale: float = 1.0,
 ) -> Path:
     """Build (or reuse) a random-weight ``LlamaForCausalLM`` / ``Qwen3ForCausalLM`` folder.
 
@@ -241,8 +266,10 @@ def build_tiny_model(
     its tokenizer (``tokenizer="local"``: the 512-token BPE from :func:`build_local_tokenizer`;
     ``"smollm2"``: SmolLM2's 49152-token tokenizer, so prompts tokenise exactly as for
     :func:`smollm2_path`, which is converted first if needed), and the config's bos/eos/pad ids
-    are the tokenizer's. Weights use the default initialisation from ``seed``, so the output
-    is deterministic but meaningless.
+    are the tokenizer's; ``"words"``: :func:`build_word_tokenizer` with ``vocab_size`` ids, for
+    statistical tests of sampling). Weights use the default initialisation from ``seed``, so the output
+    is deterministic but meaningless; ``logit_scale`` multiplies the LM head (a random model's next-token
+    distribution is nearly uniform; scaled, it is peaked, so drafts are sometimes accepted when sampling).
 
     ``head_dim`` defaults to ``hidden_size // num_heads`` rounded up to a head size vLLM's CPU
     attention supports (at least 32), which is why the defaults give q/k/v projections wider
@@ -252,8 +279,8 @@ def build_tiny_model(
     """
     if arch not in ("llama", "qwen3"):
         raise ValueError(f"arch must be 'llama' or 'qwen3', got {arch!r}")
-    if tokenizer not in ("local", "smollm2"):
-        raise ValueError(f"tokenizer must be 'local' or 'smollm2', got {tokenizer!r}")
+    if tokenizer not in ("local", "smollm2", "words"):
+        raise ValueError(f"tokenizer must be 'local', 'smollm2' or 'words', got {tokenizer!r}")
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
     if dtype not in ("float32", "bfloat16", "float16"):
@@ -276,6 +303,10 @@ def build_tiny_model(
         "seed": seed,
         "dtype": dtype,
     }
+    if tokenizer == "words":
+        args["vocab_size"] = vocab_size
+    if logit_scale != 1.0:
+        args["logit_scale"] = logit_scale
 
     def is_valid(p: Path) -> bool:
         return _read_json(p / _TINY_ARGS_FILE) == args
@@ -301,6 +332,8 @@ def _build_tiny(out: Path, a: dict) -> None:
 
     if a["tokenizer"] == "local":
         build_local_tokenizer(out)
+    elif a["tokenizer"] == "words":
+        build_word_tokenizer(out, a["vocab_size"])
     else:
         src = smollm2_path(progress=sys.stderr.isatty())
         for name in _TOKENIZER_FILES:
@@ -340,6 +373,9 @@ def _build_tiny(out: Path, a: dict) -> None:
         torch.manual_seed(a["seed"])
         with _QuietTransformers():
             model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        if a.get("logit_scale", 1.0) != 1.0:
+            with torch.no_grad():
+                model.lm_head.weight.mul_(a["logit_scale"])
     model = model.to(torch_dtype)
     model.config.dtype = a["dtype"]
     with _QuietTransformers():

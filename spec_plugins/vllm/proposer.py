@@ -19,7 +19,8 @@ Request ids: vLLM passes none. With the `vllm.general_plugins` entry point (`plu
 sets `row_req_ids` before every call and calls `finish(req_id)` for finished and preempted requests;
 without it rows stand for requests ("row-3"). Either way per-request state is bounded: see `_sweep`.
 
-`SPEC_PLUGINS_TRACE_FILE=PATH` appends one JSON line per step (`{"pid", "step", "rows", "tracked"}`;
+`SPEC_PLUGINS_TRACE_FILE=PATH` appends one JSON line per step (`{"pid", "step", "rows", "tracked", "t", "us"}`:
+`t` when the step's drafting began, `us` the host time it took;
 every `trace_stats_every` steps also `"stats"`: the proposer's `stats()`, if it has one) and per freed
 request (`{"pid", "finish", "why"}`) to PATH; the integration tests and benchmarks/soak.py read it.
 
@@ -29,7 +30,9 @@ This module must not import numba/llvmlite (it breaks vLLM's CPU engine start) n
 from __future__ import annotations
 
 import json
+import logging
 import os
+import time
 from typing import Any, ClassVar
 
 import numpy as np
@@ -37,8 +40,10 @@ import numpy as np
 from spec_plugins.core import BindsModel, check_cap
 from spec_plugins.drafting import DraftingLayer
 from spec_plugins.vllm.plugin import RequestIdAware, install
-from spec_plugins.vllm.settings import settings_from_additional_config
+from spec_plugins.vllm.settings import VllmSettings, settings_from_additional_config
 
+# A child of vLLM's logger: vLLM configures "vllm" (INFO, its format), so start-up lines show in its log.
+logger = logging.getLogger("vllm.spec_plugins")
 TRACE_ENV = "SPEC_PLUGINS_TRACE_FILE"
 
 
@@ -52,24 +57,13 @@ class SpecPluginsProposer(RequestIdAware):
     trace_stats_every: ClassVar[int] = 20
 
     def __init__(self, vllm_config: Any) -> None:
-        spec = vllm_config.speculative_config
-        self.num_speculative_tokens = check_cap(
-            getattr(spec, "num_speculative_tokens", None), "speculative_config.num_speculative_tokens"
-        )
+        self.num_speculative_tokens, self.settings, proposer, policy, self.batch_schedule = self.build(vllm_config)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
-        self.settings = settings_from_additional_config(
-            getattr(vllm_config, "additional_config", None), self.fixed_proposer
-        )
-        proposer, policy = self.settings.build()
-        self.batch_schedule = batch_size_schedule(getattr(spec, "num_speculative_tokens_per_batch_size", None))
         trace = os.environ.get(TRACE_ENV)
         self._trace = open(trace, "a", buffering=1) if trace else None
         self.drafting = DraftingLayer(proposer, policy, who=f"proposer {self.settings.proposer!r}",
                                       stale_steps=self.stale_steps,
                                       on_finish=self._traced_finish if self._trace else None)
-        if isinstance(self.policy, BindsModel):  # `policy: adaptive` with `hardware` alone: cost the engine's model
-            self.drafting.bind_model(vllm_config.model_config.hf_config.to_dict(),
-                                     source="vLLM model_config.hf_config")
         # Request ids per batch row, set by the plugin's runner wrapper before each propose(). Without
         # them a row stands for its request; rows are reused and reordered between steps, which only
         # blurs per-request state (our proposers see the whole context every step).
@@ -77,7 +71,29 @@ class SpecPluginsProposer(RequestIdAware):
         self._rows = np.arange(0, dtype=np.int64)  # 0, 1, 2, ...: the rows of a step where every row drafts
         # vLLM builds us inside GPUModelRunner.__init__: let the plugin (if registered in this
         # process) wrap the runner now, before its first step.
-        install()
+        hooked = install()
+        s = self.settings
+        logger.info("spec-plugins: proposer %r %s, policy %r %s, K = %d%s; runner hook %s", s.proposer,
+                    s.proposer_options or "(defaults)", s.policy, s.policy_options or "(defaults)",
+                    self.num_speculative_tokens,
+                    f", per batch size {self.batch_schedule}" if self.batch_schedule else "",
+                    "installed (request ids and finishes reach the proposer)" if hooked else
+                    "not installed (rows stand for requests)")
+
+    @classmethod
+    def build(cls, vllm_config: Any) -> tuple[int, VllmSettings, Any, Any, list | None]:
+        """Everything this class reads from vLLM's config, checked: (K, settings, proposer, policy, schedule).
+        The plugin runs it in vLLM's front-end process too, so a bad section stops the server before its
+        engine starts, with one line naming the field."""
+        spec = vllm_config.speculative_config
+        k = check_cap(getattr(spec, "num_speculative_tokens", None), "speculative_config.num_speculative_tokens")
+        settings = settings_from_additional_config(getattr(vllm_config, "additional_config", None),
+                                                   cls.fixed_proposer)
+        proposer, policy = settings.build()
+        schedule = batch_size_schedule(getattr(spec, "num_speculative_tokens_per_batch_size", None))
+        if isinstance(policy, BindsModel):  # `policy: adaptive` with `hardware` alone: cost the engine's model
+            policy.bind_model(vllm_config.model_config.hf_config.to_dict(), source="vLLM model_config.hf_config")
+        return k, settings, proposer, policy, schedule
 
     @property
     def proposer(self) -> Any:
@@ -112,6 +128,7 @@ class SpecPluginsProposer(RequestIdAware):
         token_ids_cpu: np.ndarray,
         slot_mappings: Any = None,
     ) -> list[list[int]]:
+        start = time.perf_counter() if self._trace is not None else 0.0
         num_rows = len(sampled_token_ids)
         ids = self._row_ids(num_rows)
         sampled = np.fromiter(map(len, sampled_token_ids), dtype=np.int64, count=num_rows)
@@ -131,7 +148,7 @@ class SpecPluginsProposer(RequestIdAware):
             max_draft=np.minimum(np.maximum(self.max_model_len - 1 - lens, 0), k), present=present,
         )
         if self._trace is not None:
-            self._trace_step(ids)
+            self._trace_step(ids, start)
         if len(live) == num_rows:
             return drafts.lists()
         out: list[list[int]] = [[] for _ in range(num_rows)]
@@ -154,8 +171,11 @@ class SpecPluginsProposer(RequestIdAware):
             return list(ids[:num_rows])
         return [ids[i] if ids is not None and i < len(ids) else f"row-{i}" for i in range(num_rows)]
 
-    def _trace_step(self, ids: list[Any]) -> None:
-        event = {"step": self.drafting.step_count, "rows": ids, "tracked": self.drafting.num_tracked}
+    def _trace_step(self, ids: list[Any], start: float) -> None:
+        # t: when this step's drafting began (perf_counter, s), us: its host time; the gaps between steps' t
+        # are the engine's step times as the worker saw them.
+        event = {"step": self.drafting.step_count, "rows": ids, "tracked": self.drafting.num_tracked,
+                 "t": round(start, 6), "us": round((time.perf_counter() - start) * 1e6, 1)}
         if self.drafting.step_count % self.trace_stats_every == 0:
             stats = self.drafting.stats()
             if stats is not None:

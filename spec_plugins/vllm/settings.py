@@ -50,3 +50,21 @@ def settings_from_additional_config(additional_config: Any, fixed_proposer: str 
             )
         section = {**section, "proposer": fixed_proposer}
     return parse_settings(VllmSettings, section, f"additional_config.{SECTION}")
+
+
+def block_policy_settings(additional_config: Any) -> VllmSettings | None:
+    """The policy section for vLLM's own `dflash` method (our DSpark / DFlash draft models); None when it
+    names vLLM's fixed draft length. Checked the same way in the front end and in the worker."""
+    from spec_plugins.registry import create_policy
+
+    settings = settings_from_additional_config(additional_config)
+    if "proposer" in settings.model_fields_set:
+        raise ValueError(f"additional_config.{SECTION}.proposer: the DSpark checkpoint drafts under method 'dflash'; "
+                         "name only a policy here (policy, policy_options)")
+    if settings.policy == "fixed" and not settings.policy_options:
+        return None  # vLLM's own draft length is already the fixed policy
+    try:
+        create_policy(settings.policy, settings.policy_options)
+    except ValueError as exc:  # registry errors start with the field
+        raise ValueError(f"additional_config.{SECTION}.{exc}") from None
+    return settings
