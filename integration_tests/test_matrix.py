@@ -173,7 +173,9 @@ class ServeEntry:
                                                         **(env or {})}, health_timeout=600)
         self.server.__enter__()
         self.model = model
-        self.client = OpenAI(base_url=f"{self.server.url}/v1", api_key="none", timeout=600, max_retries=0)
+        # Retries as the client's default does: a pooled keep-alive connection that the server closed while idle
+        # (uvicorn: 5 s) fails with "Server disconnected without sending a response" before the request is sent.
+        self.client = OpenAI(base_url=f"{self.server.url}/v1", api_key="none", timeout=600, max_retries=2)
 
     def _one(self, prompt: list[int], params: dict) -> list[int]:
         p = {"temperature": 0.0, **params}
