@@ -260,8 +260,7 @@ def _call_inputs(llm: Any, spec: EngineRun, overrides: dict) -> tuple[list, Any]
     max_tokens = spec.max_tokens if max_tokens is None else max_tokens
     per_prompt = overrides.get("params")
     params = _params(spec, max_tokens) if per_prompt is None else [
-        _params(spec, p.get("max_tokens", max_tokens), **{k: v for k, v in p.items() if k != "max_tokens"})
-        for p in per_prompt]
+        _params(spec, **{"max_tokens": max_tokens, **p}) for p in per_prompt]
     return _prompt_inputs(llm, spec, spec.prompts if prompts is None else prompts), params
 
 

@@ -61,29 +61,21 @@ class AdaptiveLength:
         max_draft_tokens_per_step: int | None = pydantic.Field(default=None, ge=0)  # over the whole batch
 
         # Names are resolved here, so a bad one is reported under its field (policy_options.hardware: ...)
-        # when the engine starts, not when the first step costs a draft.
-        @pydantic.field_validator("hardware")
+        # when the engine starts, not when the first step costs a draft. The resolvers' own messages name
+        # the field already; the prefix goes, pydantic adds the path.
+        @pydantic.field_validator("hardware", "profile")
         @classmethod
-        def _known_hardware(cls, value: str | None) -> str | None:
+        def _known_name(cls, value: str | None, info: pydantic.ValidationInfo) -> str | None:
             if value is not None:
                 from spec_plugins.policy.hardware import load_hardware
-
-                try:
-                    load_hardware(value)
-                except ValueError as exc:
-                    raise ValueError(str(exc).removeprefix("hardware: ")) from None
-            return value
-
-        @pydantic.field_validator("profile")
-        @classmethod
-        def _known_profile(cls, value: str | None) -> str | None:
-            if value is not None:
                 from spec_plugins.policy.measured import profile_path
 
+                resolve, prefix = {"hardware": (load_hardware, "hardware: "),
+                                   "profile": (profile_path, "policy_options.profile: ")}[info.field_name]
                 try:
-                    profile_path(value)
+                    resolve(value)
                 except ValueError as exc:
-                    raise ValueError(str(exc).removeprefix("policy_options.profile: ")) from None
+                    raise ValueError(str(exc).removeprefix(prefix)) from None
             return value
 
     def __init__(self, *, cost: StepCost | None = None, **options: Any) -> None:

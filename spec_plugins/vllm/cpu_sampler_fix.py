@@ -39,9 +39,10 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import re
 import sys
 from typing import Any
+
+from spec_plugins.vllm.versions import version_in
 
 # A child of vLLM's logger: vLLM configures "vllm" (INFO, its format), so start-up lines show in its log.
 logger = logging.getLogger("vllm.spec_plugins")
@@ -65,20 +66,26 @@ def expand_kernel(output: Any, input_val: Any, cu_num_tokens: Any, replace_from:
 
 
 def affected(found: str | None) -> bool:
-    match = re.match(r"(\d+)\.(\d+)", found or "")
-    return bool(match) and (int(match[1]), int(match[2])) in AFFECTED
+    return version_in(found, AFFECTED)
+
+
+def _applies(found: str | None) -> bool:
+    """Switch on, an affected version, the CPU platform: the gate of both fixes."""
+    if _switched_off() or not affected(found):
+        return False
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
 
 
 def install(found: str | None) -> bool:
     """Replace vLLM-CPU's expand implementation; True when ours is in place. Never raises."""
     try:
-        if _switched_off() or not affected(found):
+        if not _applies(found):
             return False
-        from vllm.platforms import current_platform
         from vllm.triton_utils import HAS_TRITON
 
-        # With Triton the kernel runs as written and the CPU overrides are not registered.
-        if not current_platform.is_cpu() or HAS_TRITON:
+        if HAS_TRITON:  # the kernel runs as written and the CPU overrides are not registered
             return False
         import importlib
 
@@ -103,11 +110,7 @@ def _switched_off() -> bool:
 def install_seed_rewind(runner_cls: Any, found: str | None) -> bool:
     """Wrap `runner_cls._sample` and `_bookkeeping_sync` once (see the module docstring). Never raises."""
     try:
-        if _switched_off() or not affected(found):
-            return False
-        from vllm.platforms import current_platform
-
-        if not current_platform.is_cpu():
+        if not _applies(found):
             return False
         if SEED_ORIG in vars(runner_cls):
             return True

@@ -42,9 +42,8 @@ from spec_plugins.core import BatchDrafts
 from spec_plugins.drafting import DraftingLayer, EngineDrafts
 from spec_plugins.proposers.dspark.heads import MARKOV_HEAD_TYPES, ConfidenceHead, MarkovHead, markov_walk
 from spec_plugins.proposers.dspark.loader import load_module_tensors
-from spec_plugins.registry import create_policy
 from spec_plugins.vllm import plugin
-from spec_plugins.vllm.settings import block_policy_settings
+from spec_plugins.vllm.settings import block_policy
 
 logger = logging.getLogger(__name__)
 
@@ -272,8 +271,5 @@ class DraftPolicy(plugin.RequestIdAware):
 
 
 def _policy_hook(vllm_config: Any, model: DSparkDraft) -> DraftPolicy | None:
-    settings = block_policy_settings(vllm_config.additional_config)
-    if settings is None:
-        return None
-    policy = create_policy(settings.policy, settings.policy_options)
-    return DraftPolicy(policy, model, vllm_config.model_config.hf_config)
+    policy = block_policy(vllm_config.additional_config)
+    return None if policy is None else DraftPolicy(policy, model, vllm_config.model_config.hf_config)

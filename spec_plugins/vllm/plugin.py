@@ -75,10 +75,11 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import re
 import sys
 from importlib.metadata import PackageNotFoundError, version as _dist_version
 from typing import Any
+
+from spec_plugins.vllm.versions import version_in
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +122,12 @@ class RequestIdAware:
     row_req_ids: Any = None
 
     def finish(self, req_id: Any, why: str = "finished") -> None:
+        raise NotImplementedError
+
+    @classmethod
+    def build(cls, vllm_config: Any) -> Any:
+        """Check and build what this drafter reads from vLLM's config; one ValueError naming the field. The
+        front-end check (`check_config`) calls it before any engine process starts."""
         raise NotImplementedError
 
 
@@ -234,12 +241,12 @@ def check_config(vllm_config: Any) -> None:
 
         module, _, name = model.rpartition(".")
         cls = getattr(importlib.import_module(module), name, None)
-        if isinstance(cls, type) and issubclass(cls, RequestIdAware) and hasattr(cls, "build"):
+        if isinstance(cls, type) and issubclass(cls, RequestIdAware):
             cls.build(vllm_config)
     elif method == "dflash" and "spec_plugins" in (getattr(vllm_config, "additional_config", None) or {}):
-        from spec_plugins.vllm.settings import block_policy_settings
+        from spec_plugins.vllm.settings import block_policy
 
-        block_policy_settings(vllm_config.additional_config)
+        block_policy(vllm_config.additional_config)
 
 
 def _register_drafters() -> None:
@@ -355,5 +362,4 @@ def _vllm_version() -> str | None:
 
 
 def _supported(found: str | None) -> bool:
-    match = re.match(r"(\d+)\.(\d+)", found or "")
-    return bool(match) and (int(match[1]), int(match[2])) in SUPPORTED
+    return version_in(found, SUPPORTED)

@@ -52,9 +52,9 @@ def settings_from_additional_config(additional_config: Any, fixed_proposer: str 
     return parse_settings(VllmSettings, section, f"additional_config.{SECTION}")
 
 
-def block_policy_settings(additional_config: Any) -> VllmSettings | None:
-    """The policy section for vLLM's own `dflash` method (our DSpark / DFlash draft models); None when it
-    names vLLM's fixed draft length. Checked the same way in the front end and in the worker."""
+def block_policy(additional_config: Any) -> Any:
+    """The spec-plugins policy for vLLM's own `dflash` method (our DSpark / DFlash draft models), or None when
+    the section names vLLM's fixed draft length. The front-end check and the draft model both build it here."""
     from spec_plugins.registry import create_policy
 
     settings = settings_from_additional_config(additional_config)
@@ -64,7 +64,6 @@ def block_policy_settings(additional_config: Any) -> VllmSettings | None:
     if settings.policy == "fixed" and not settings.policy_options:
         return None  # vLLM's own draft length is already the fixed policy
     try:
-        create_policy(settings.policy, settings.policy_options)
+        return create_policy(settings.policy, settings.policy_options)
     except ValueError as exc:  # registry errors start with the field
         raise ValueError(f"additional_config.{SECTION}.{exc}") from None
-    return settings
