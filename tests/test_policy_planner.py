@@ -308,3 +308,33 @@ def test_planned_code_edit_schedule_is_one_range():
     p = planner.plan(step_cost(hardware="h200", model="llama-3.1-8b"), stats, 16)
     assert all(a >= b for a, b in zip(p.chosen, p.chosen[1:]))
     assert p.schedule_ranges() == [[1, 256, 16]]  # was [[1,7,16],[8,11,15],[12,15,16],[16,47,15],[48,256,16]]
+
+
+def test_versus_native_compares_each_at_its_best_and_charges_engine_host_time(tmp_path, capsys):
+    from spec_plugins.bench import versus_native
+
+    # The engines' own proposers have a `fixed` path only, read from their rows of the measurement.
+    arctic = HostTime.load(HOST_DEFAULT, "arctic")
+    assert arctic.seconds("fixed", 256) > HostTime.load(HOST_DEFAULT, "suffix_tree").seconds("fixed", 256)
+    with pytest.raises(ValueError, match="runs no adaptive policy"):
+        arctic.seconds("adaptive", 1)
+    # One workload whose three traces are the same requests: ours can only win through the adaptive policy.
+    for proposer in ("suffix_tree", "arctic", "vllm_ngram"):
+        doc = json.loads(make_trace(tmp_path, max_draft=8).read_text())
+        doc["proposer"] = proposer
+        (tmp_path / "w").mkdir(exist_ok=True)
+        (tmp_path / "w" / f"{proposer}.json").write_text(json.dumps(doc))
+    out = tmp_path / "vs.json"
+    args = ["--hardware", "h200", "--model-config", "llama-3.1-8b", "--traces-dir", str(tmp_path), "--workloads", "w",
+            "--batch-sizes", "1,64", "--steps", "30", "--json", str(out)]
+    assert versus_native.main(args + ["--host-time", "none"]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["batch"] for r in rows] == [1, 64]
+    for r in rows:  # same traces, same steps, no host time: ours at its best static equals the natives' best
+        assert r["static_vs_native"] == pytest.approx(1.0)
+        assert r["arctic_best_static"] == pytest.approx(r["vllm_ngram_best_static"])
+    assert versus_native.main(args) == 0  # measured host time: vLLM's suffix costs more per step than ours
+    charged = json.loads(out.read_text())["rows"]
+    assert charged[1]["static_vs_native"] > 1.0
+    assert versus_native.main(args + ["--workloads", "missing"]) == 2
+    assert "no trace" in capsys.readouterr().err

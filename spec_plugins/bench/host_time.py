@@ -19,6 +19,9 @@ import numpy as np
 
 DEFAULT = Path(__file__).resolve().parents[2] / "benchmarks" / "host_time" / "cpu2-step-overhead.json"
 POLICIES = ("fixed", "adaptive")
+# The engines' own proposers, as replay traces name them -> their rows in a step_overhead measurement.
+# They run no policy of ours: only their `fixed` path exists.
+ENGINE_ROWS = {"arctic": "vLLM suffix (ArcticInference)", "vllm_ngram": "vLLM ngram (numba)"}
 
 
 class HostTime:
@@ -27,8 +30,8 @@ class HostTime:
     def __init__(self, rows: list[dict], proposer: str, source: str = "measurement") -> None:
         self.proposer, self.source = proposer, source
         self._curves: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        for policy in POLICIES:
-            name = f"{proposer} {policy}"
+        names = {"fixed": ENGINE_ROWS[proposer]} if proposer in ENGINE_ROWS else {p: f"{proposer} {p}" for p in POLICIES}
+        for policy, name in names.items():
             points = sorted((int(r["batch"]), float(r["us_per_step"]) * 1e-6) for r in rows if r["proposer"] == name)
             if not points:
                 known = sorted({r["proposer"] for r in rows})
@@ -45,6 +48,8 @@ class HostTime:
         return cls(rows, proposer, source=str(path))
 
     def seconds(self, policy: Literal["fixed", "adaptive"], batch: int) -> float:
+        if policy not in self._curves:
+            raise ValueError(f"host time: {self.proposer!r} is an engine's own proposer; it runs no {policy} policy")
         batches, secs = self._curves[policy]
         if batch >= batches[-1]:
             return float(secs[-1] / batches[-1] * batch)

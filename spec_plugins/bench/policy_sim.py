@@ -157,6 +157,19 @@ def build_host_time(args, traces: list[dict]) -> Any:
                          "or pass --host-time none)") from None
 
 
+def add_cost_arguments(ap: argparse.ArgumentParser) -> None:
+    """The step cost and host time options (`build_cost`, `build_host_time`)."""
+    ap.add_argument("--hardware", help="GPU profile name (h100, h200, b200, a100, l40s) or YAML path")
+    ap.add_argument("--model-config", help="the target's Hugging Face config.json")
+    ap.add_argument("--profile", help="a measured step-time profile instead of --hardware")
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp8"])
+    ap.add_argument("--draft-us", type=float, default=5.0,
+                    help="model-free drafting cost per request (µs), with --host-time none")
+    ap.add_argument("--host-time", default="default",
+                    help="step_overhead JSON whose measured host time per step is charged ('default': the one in "
+                         "benchmarks/host_time/; 'none': charge --draft-us instead)")
+
+
 def build_cost(args) -> Any:
     if (args.profile is None) == (args.hardware is None):
         raise ValueError("expected exactly one of --hardware (with --model-config) or --profile")
@@ -173,26 +186,29 @@ def build_cost(args) -> Any:
 
 
 def run(traces: list[dict], cost, batch_sizes: list[int], max_draft: int, num_steps: int, seed: int,
-        progress=None, host: Any = None) -> dict[str, Any]:
+        progress=None, host: Any = None, static_only: bool = False) -> dict[str, Any]:
+    """Goodput of every policy at each batch size; static_only: the static draft lengths alone (an engine's
+    own proposer, which runs no policy of ours)."""
     from spec_plugins.policy.adaptive import AdaptiveLength
 
     requests = trace_requests(traces)
-    stats = AcceptanceStats.from_traces(traces)
-    the_plan = plan(cost, stats, max_draft, max_batch=max(batch_sizes))
+    the_plan = None if static_only else plan(cost, AcceptanceStats.from_traces(traces), max_draft,
+                                             max_batch=max(batch_sizes))
     goodput: dict[str, list[float]] = {}
     for b in batch_sizes:
         steps = batch_schedule(requests, b, num_steps, seed)
-        d_sched = schedule_for_batch(the_plan, b)
         policies: dict[str, Any] = {f"static_{d}": (lambda dr, ac, d=d: np.full(len(dr), d)) for d in range(max_draft + 1)}
-        policies["schedule"] = lambda dr, ac, d=d_sched: np.full(len(dr), d)
-        policies["hindsight"] = lambda dr, ac: ac
-        policies["adaptive"] = AdaptiveLength(cost=cost)
+        if not static_only:
+            policies["schedule"] = lambda dr, ac, d=schedule_for_batch(the_plan, b): np.full(len(dr), d)
+            policies["hindsight"] = lambda dr, ac: ac
+            policies["adaptive"] = AdaptiveLength(cost=cost)
         res = simulate(requests, steps, cost, policies, host)
         for name, v in res.items():
             goodput.setdefault(name, []).append(v)
         if progress:
             progress(b)
-    return {"goodput": goodput, "schedule": [schedule_for_batch(the_plan, b) for b in batch_sizes]}
+    return {"goodput": goodput,
+            "schedule": None if static_only else [schedule_for_batch(the_plan, b) for b in batch_sizes]}
 
 
 def summarize(batch_sizes: list[int], goodput: dict[str, list[float]], max_draft: int) -> dict[str, Any]:
@@ -254,15 +270,7 @@ def plot(path: Path, batch_sizes: list[int], goodput: dict[str, list[float]], ma
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m spec_plugins.bench.policy_sim", description=__doc__.split("\n")[0])
-    ap.add_argument("--hardware", help="GPU profile name (h100, h200, b200, a100, l40s) or YAML path")
-    ap.add_argument("--model-config", help="the target's Hugging Face config.json")
-    ap.add_argument("--profile", help="a measured step-time profile instead of --hardware")
-    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp8"])
-    ap.add_argument("--draft-us", type=float, default=5.0,
-                    help="model-free drafting cost per request (µs), with --host-time none")
-    ap.add_argument("--host-time", default="default",
-                    help="step_overhead JSON whose measured host time per step is charged ('default': the one in "
-                         "benchmarks/host_time/; 'none': charge --draft-us instead)")
+    add_cost_arguments(ap)
     ap.add_argument("--traces", required=True, help="comma-separated replay trace files")
     ap.add_argument("--batch-sizes", default="1,4,16,64,256")
     ap.add_argument("--steps", type=int, default=300, help="simulated engine steps per batch size")
