@@ -242,6 +242,14 @@ class HasStats(Protocol):
 
 
 @runtime_checkable
+class ReportsDraftKind(Protocol):
+    """A proposer with several kinds of candidate that says which one the request's last draft came from
+    (the suffix tree: "copy" or "count"); replays record it so confidences are calibrated per kind."""
+
+    def draft_kind(self, req_id: ReqId) -> str: ...
+
+
+@runtime_checkable
 class Configurable(Protocol):
     """A proposer or policy class whose keyword options are a pydantic model (validated by the registry)."""
 

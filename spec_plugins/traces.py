@@ -14,7 +14,9 @@ One file per workload and proposer, ``DIR/<workload>/<proposer>.json``, one JSON
 
 ``pos`` is the number of response tokens before the step (context = prompt + response[:pos]);
 ``drafted`` the draft length (<= max_draft); ``accepted`` <= drafted; ``confidence`` is present
-only when the proposer's `Draft` carries per-token confidences (one per drafted token).
+only when the proposer's `Draft` carries per-token confidences (one per drafted token); ``kind`` only
+when the proposer has several kinds of candidate (`core.ReportsDraftKind`: the suffix tree's "copy" or
+"count").
 """
 
 from __future__ import annotations
@@ -29,13 +31,16 @@ TRACE_FORMAT = "spec-plugins-replay-trace/1"
 
 
 def request_record(id: str, prompt_len: int, response_len: int, pos: Sequence[int], drafted: Sequence[int],
-                   accepted: Sequence[int], confidence: Sequence[Sequence[float] | None]) -> dict[str, Any]:
+                   accepted: Sequence[int], confidence: Sequence[Sequence[float] | None],
+                   kind: Sequence[str | None] | None = None) -> dict[str, Any]:
     """One entry of ``requests``: the steps of one request, given per step as parallel sequences."""
     steps = []
     for k, (p, d, a) in enumerate(zip(pos, drafted, accepted)):
         step: dict[str, Any] = {"pos": p, "drafted": d, "accepted": a}
         if confidence[k] is not None:
             step["confidence"] = [round(float(c), 5) for c in confidence[k]]
+        if kind is not None and kind[k] is not None:
+            step["kind"] = kind[k]
         steps.append(step)
     return {"id": id, "prompt_len": prompt_len, "response_len": response_len, "steps": steps}
 
@@ -58,6 +63,7 @@ class _Step(pydantic.BaseModel):
     drafted: pydantic.NonNegativeInt
     accepted: pydantic.NonNegativeInt
     confidence: list[float] | None = None
+    kind: str | None = None
 
 
 class _Request(pydantic.BaseModel):

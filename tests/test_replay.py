@@ -249,3 +249,26 @@ def test_batched_walk_drafts_what_propose_drafts(rows) -> None:
             a = replay.walk(single, row, 8)
             b = replay.walk(batched, row, 8, batched=True)
             assert (a.drafted, a.accepted, a.confidence) == (b.drafted, b.accepted, b.confidence)
+
+
+def test_suffix_tree_traces_record_the_kind_and_calibrate(tmp_path, tok_dir, workload) -> None:
+    from spec_plugins.bench import calibration
+
+    traces = tmp_path / "traces"
+    assert replay.main(["--workload", str(workload), "--proposers", "suffix_tree", "--max-draft", str(K),
+                        "--tokenizer", str(tok_dir), "--trace-out", str(traces), "--no-progress"]) == 0
+    path = traces / "tiny" / "suffix_tree.json"
+    doc = read_trace(path)
+    steps = [s for r in doc["requests"] for s in r["steps"]]
+    assert {s.get("kind") for s in steps if s["drafted"]} <= {"copy", "count"}
+    assert any(s.get("kind") == "copy" for s in steps)  # the texts repeat themselves
+    assert all("kind" not in s for s in steps if not s["drafted"])
+    out = tmp_path / "cal.json"
+    assert calibration.main(["--traces", str(path), "--json", str(out), "--png", str(tmp_path / "c.png")]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    total = next(r for r in rows if r["kind"] == "all" and r["positions"] == "all")
+    # Every tried token is counted once: the tokens accepted plus one rejected per step that drafted more.
+    assert total["tries"] == sum(min(s["accepted"] + 1, s["drafted"]) for s in steps)
+    by_kind = sum(r["tries"] for r in rows if r["kind"] != "all" and r["positions"] == "all")
+    assert by_kind == total["tries"]
+    assert (tmp_path / "c.png").stat().st_size > 5_000

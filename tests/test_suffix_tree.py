@@ -181,12 +181,19 @@ def oracle_draft(local: list[int], cached: list[tuple[int, list[int]]], depth, m
 
 def with_copy(best, copier: RefCopier, max_tokens: int):
     """The count draft `best` against the copy draft: the count score is discounted by the copy
-    hazard of its match length, and the copy wins ties."""
+    hazard of its match length, and the copy wins ties. A count draft that wins carries the same
+    reliability in its probabilities: token k's path probability times h(L) * ... * h(L + k)."""
     score = 0.0
     for k, p in enumerate(best[1]):
         score += p * copier.hazard(best[3] + k)
     mine = copier.draft(max_tokens)
-    return mine if mine[0] and mine[2] >= score else (best[0], best[1], score, best[3])
+    if mine[0] and mine[2] >= score:
+        return mine
+    probs, h = [], 1.0
+    for k, p in enumerate(best[1]):
+        h *= copier.hazard(best[3] + k)
+        probs.append(p * h)
+    return best[0], probs, score, best[3]
 
 
 def core_copy_args(cp: dict | None) -> dict:
@@ -417,6 +424,25 @@ def test_propose_batches_requests_and_restarts_finished_ids():
     (d,) = p.propose([DraftRequest("a", [4, 8, 9], 2, 3)])
     # "b" is still active; the replaced "a" had no response beyond its prompt, so nothing new is cached.
     assert p.stats()["active_requests"] == 2 and p.stats()["cached_requests"] == 1
+
+
+def test_count_drafts_carry_the_match_length_reliability_and_the_kind_is_reported():
+    p = create_proposer("suffix_tree", {"max_depth": 16})  # copy drafts on: counts get the same reliability
+    ctx = [1, 2, 3, 9, 4, 5, 6, 1, 2, 3, 7]
+    # The tail [..., 3, 7] never occurred in the request's own text: no copy. The global tree holds the
+    # response [3, 7, 8, 9]: a count draft from the match [3, 7] (length 2, so a budget of 2 tokens).
+    p.start("old", [0])
+    p.append("old", [3, 7, 8, 9])
+    p.finish("old")
+    (d,) = p.propose([DraftRequest("r", ctx, len(ctx), 4)])
+    assert p.draft_kind("r") == "count" and d.tokens == [8, 9]
+    hazard = lambda m: 1.0 - 1.3 / (m + 0.8)  # the copy hazard's defaults, h(m)
+    # Count ratios 1 and 1 (one occurrence): the confidences are h(2) and h(3) alone.
+    assert d.confidence == pytest.approx([hazard(2), hazard(3)])
+    (d,) = p.propose([DraftRequest("r", ctx + [1, 2, 3], 3, 4)])  # a repeat of its own text: a copy
+    assert p.draft_kind("r") == "copy" and d.tokens[:1] in ([9], [7])  # after one of its two occurrences
+    with pytest.raises(ValueError, match="not active"):
+        p.draft_kind("never-seen")
 
 
 def test_low_level_api_and_stats():

@@ -376,6 +376,10 @@ class PyCache {
     const Copier& c = cache_.copier(key);
     return py::make_tuple(c.src(), c.len(), c.anchor(), c.near());
   }
+  bool last_draft_copied(long long key) {
+    require(key, "last_draft_copied");
+    return cache_.copied(key);
+  }
   long long global_count(py::handle pattern) {
     read_tokens(pattern, buf_, "pattern");
     return cache_.global().count(buf_.data(), i32(buf_.size()));
@@ -463,6 +467,8 @@ PYBIND11_MODULE(_core, m) {
       .def("local_count", &PyCache::local_count, py::arg("key"), py::arg("pattern"))
       .def("global_count", &PyCache::global_count, py::arg("pattern"))
       .def("_copy_state", &PyCache::copy_state, py::arg("key"), "(source, match length, anchor, near) of the copier")
+      .def("last_draft_copied", &PyCache::last_draft_copied, py::arg("key"),
+           "Whether the request's last draft was a copy draft (else a count draft, or none)")
       .def_property_readonly("num_active", [](PyCache& c) { return c.cache_.num_active(); })
       .def_property_readonly("num_cached", [](PyCache& c) { return c.cache_.num_cached(); })
       .def_property_readonly("num_nodes", [](PyCache& c) { return c.cache_.num_nodes(); })

@@ -174,6 +174,10 @@ class SuffixTreeProposer:
         """(draft tokens, path probabilities, score = sum of probabilities, match length)."""
         return self._core.speculate(self._key(req_id), max_tokens)
 
+    def draft_kind(self, req_id: Hashable) -> str:
+        """Which candidate the request's last draft came from: "copy" (its own text) or "count" (the trees)."""
+        return "copy" if self._core.last_draft_copied(self._key(req_id)) else "count"
+
     def stats(self) -> dict[str, int]:
         c = self._core
         return {

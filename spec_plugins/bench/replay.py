@@ -65,7 +65,7 @@ from typing import Any, Callable, Hashable, Iterable, Sequence
 
 import numpy as np
 
-from spec_plugins.core import BatchProposer, DraftBatch, DraftRequest, Proposer, check_drafts
+from spec_plugins.core import BatchProposer, DraftBatch, DraftRequest, Proposer, ReportsDraftKind, check_drafts
 from spec_plugins.traces import request_record, trace_document, write_trace
 
 RESULT_FORMAT = "spec-plugins-replay/1"
@@ -217,13 +217,14 @@ class Walk:
     drafted: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
     confidence: list[list[float] | None] = field(default_factory=list)
+    kind: list[str | None] = field(default_factory=list)  # which candidate drafted (core.ReportsDraftKind)
     propose_ns: list[int] = field(default_factory=list)
     finish_ns: int = 0
 
     def trace(self) -> dict:
         """This request's entry in a trace file."""
         return request_record(self.id, self.prompt_len, self.response_len, self.pos, self.drafted, self.accepted,
-                              self.confidence)
+                              self.confidence, self.kind)
 
 
 def accepted_prefix(draft: Sequence[int], truth: np.ndarray) -> int:
@@ -240,6 +241,7 @@ def walk(proposer: Proposer, row: Row, max_draft: int, req_id: Hashable | None =
     batched: draft through the proposer's batched serving path (`propose_batch`, one row a step) where
     it has one, instead of `propose`; the drafts must be the same."""
     batch_path = batched and isinstance(proposer, BatchProposer)
+    reports_kind = isinstance(proposer, ReportsDraftKind)
     req_id = row.id if req_id is None else req_id
     seq = np.concatenate([row.prompt, row.response]).astype(np.int32)
     p, n = len(row.prompt), len(row.response)
@@ -262,6 +264,7 @@ def walk(proposer: Proposer, row: Row, max_draft: int, req_id: Hashable | None =
         out.drafted.append(len(draft.tokens))
         out.accepted.append(a)
         out.confidence.append(None if draft.confidence is None else list(draft.confidence))
+        out.kind.append(proposer.draft_kind(req_id) if reports_kind and draft.tokens else None)
         seen = end
         i += a + 1
     if out.pos:
