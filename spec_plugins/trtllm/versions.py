@@ -18,6 +18,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from spec_plugins.versions import major_minor
+
 # ---- TensorRT-LLM --------------------------------------------------------------------------------------
 
 # Rule sets we know. A 1.5+ engine is checked with the newest set (most fields carry over).
@@ -101,10 +103,10 @@ USER_PROVIDED = "UserProvided"
 
 def trtllm_rule_set(version: str) -> str:
     """The rule set for an engine version string (`1.2`, `1.2.1`, `1.3.0rc5`, ...)."""
-    m = re.match(r"^\s*(\d+)\.(\d+)", str(version))
-    if not m:
+    found = major_minor(version)
+    if found is None:
         raise ValueError(f"TensorRT-LLM version: expected e.g. 1.2 or 1.3.0rc5, got {version!r}")
-    major, minor = int(m.group(1)), int(m.group(2))
+    major, minor = found
     if (major, minor) < (1, 2):
         raise ValueError(f"TensorRT-LLM version: {version} is not supported (spec-plugins needs 1.2+)")
     known = [v for v in TRTLLM_VERSIONS if tuple(map(int, v.split("."))) <= (major, minor)]
@@ -258,8 +260,8 @@ VSPEC = "speculative_config"
 
 
 def vllm_rule_set(version: str) -> str:
-    m = re.match(r"^\s*(\d+)\.(\d+)", str(version))
-    name = f"{m.group(1)}.{m.group(2)}" if m else None
+    found = major_minor(version)
+    name = None if found is None else f"{found[0]}.{found[1]}"
     if name not in VLLM_RULES:
         raise ValueError(f"vLLM version: expected one of {', '.join(VLLM_VERSIONS)}, got {version!r}")
     return name

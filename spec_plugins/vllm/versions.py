@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import re
+from spec_plugins.versions import major_minor
 
 
 def version_in(found: str | None, versions: tuple[tuple[int, int], ...]) -> bool:
     """True when `found` (e.g. "0.32.0", "0.33.1+cpu") is one of the (major, minor) releases in `versions`."""
-    match = re.match(r"(\d+)\.(\d+)", found or "")
-    return bool(match) and (int(match[1]), int(match[2])) in versions
+    return major_minor(found) in versions
