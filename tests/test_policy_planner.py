@@ -223,14 +223,19 @@ def test_model_config_missing_field_is_one_line(tmp_path, capsys):
 def test_policy_e2e_configurations_and_bad_input(capsys):
     from spec_plugins.bench import policy_e2e
 
-    confs = policy_e2e.configurations("suffix_tree", [2, 8], 16, {"profile": "vllm-cpu-smollm2-135m"}, "suffix", 8)
-    assert list(confs) == ["none", "suffix_tree K=2", "suffix_tree K=8", "suffix_tree+adaptive K<=16", "vllm:suffix K=8"]
+    confs = policy_e2e.configurations("suffix_tree", [2, 8], 16, {"profile": "vllm-cpu-smollm2-135m"},
+                                      ["suffix", "ngram"], [4, 8])
+    assert list(confs) == ["none", "suffix_tree K=2", "suffix_tree K=8", "suffix_tree+adaptive K<=16",
+                           "vllm:suffix K=4", "vllm:suffix K=8", "vllm:ngram K=4", "vllm:ngram K=8"]
+    assert confs["vllm:ngram K=4"][0]["num_speculative_tokens"] == 4
     spec, extra = confs["suffix_tree+adaptive K<=16"]
     assert spec["num_speculative_tokens"] == 16 and extra["spec_plugins"]["policy"] == "adaptive"
     assert confs["vllm:suffix K=8"][0]["method"] == "suffix"
     # Bad input fails before any engine starts, in one line.
     for argv, msg in ((["--concurrency", "0"], "--concurrency"), (["--static-k", "0"], "--static-k"),
                       (["--proposer", "sufix"], "unknown name 'sufix'"),
+                      (["--native", "eagle"], "--native: expected ngram and/or suffix"),
+                      (["--native", "suffix", "--native-k", "0"], "--native-k"),
                       (["--policy-options", '{"profile": "nope"}'], "no file or shipped profile 'nope'")):
         assert policy_e2e.main(argv) == 2
         assert msg in capsys.readouterr().err

@@ -1,10 +1,11 @@
 """End to end on a live vLLM engine: the adaptive draft-length policy vs every static K, by concurrency.
 
     python -m spec_plugins.bench.policy_e2e --proposer suffix_tree --static-k 2,4,8,16 --adaptive-k 16 \\
-        --concurrency 1,8,32 --workload benchmarks/workloads/code_completion.jsonl --json OUT.json
+        --concurrency 1,8,32 --workload benchmarks/workloads/code_completion.jsonl [--native suffix,ngram \\
+        --native-k 4,8,16] --json OUT.json
 
 One engine per configuration (no speculation, each static K, the adaptive policy with K as its cap,
-optionally vLLM's native method), all alive at once and timed in turns, so every ratio comes from one
+optionally vLLM's native methods at their own K), all alive at once and timed in turns, so every ratio comes from one
 run on one machine state. At concurrency c the engine gets c prompts in one `generate` call (c = 1:
 `--sequential` prompts one after another). Every round and concurrency level takes prompts no engine
 has seen before: the suffix tree remembers finished responses, and a repeated prompt would be answered
@@ -27,7 +28,7 @@ FORMAT = "spec-plugins-policy-e2e/1"
 
 
 def configurations(proposer: str, static_k: list[int], adaptive_k: int, policy_options: dict,
-                   native: str | None, native_k: int) -> dict[str, tuple[dict | None, dict | None]]:
+                   natives: list[str], native_k: list[int]) -> dict[str, tuple[dict | None, dict | None]]:
     """name -> (speculative_config, additional_config)."""
     model = "spec_plugins.vllm.SpecPluginsProposer"
     out: dict[str, tuple[dict | None, dict | None]] = {"none": (None, None)}
@@ -37,10 +38,12 @@ def configurations(proposer: str, static_k: list[int], adaptive_k: int, policy_o
     out[f"{proposer}+adaptive K<={adaptive_k}"] = (
         {"method": "custom_class", "model": model, "num_speculative_tokens": adaptive_k},
         {"spec_plugins": {"proposer": proposer, "policy": "adaptive", "policy_options": policy_options}})
-    if native:
+    if natives:
         from spec_plugins.demo import native_config
 
-        out[f"vllm:{native} K={native_k}"] = (native_config(native, native_k), None)
+        for native in natives:
+            for k in native_k:
+                out[f"vllm:{native} K={k}"] = (native_config(native, k), None)
     return out
 
 
@@ -58,8 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--static-k", default="2,4,8,16")
     ap.add_argument("--adaptive-k", type=int, default=16)
     ap.add_argument("--policy-options", default='{"profile": "vllm-cpu-smollm2-135m"}')
-    ap.add_argument("--native", help="also vLLM's own method at --native-k (ngram or suffix)")
-    ap.add_argument("--native-k", type=int, default=8)
+    ap.add_argument("--native", default="", help="also vLLM's own methods (comma-separated: ngram, suffix), each "
+                                                 "at every --native-k")
+    ap.add_argument("--native-k", default="8", help="draft lengths of the native methods (comma-separated)")
     ap.add_argument("--concurrency", default="1,8,32")
     ap.add_argument("--sequential", type=int, default=4, help="prompts run one by one at concurrency 1")
     ap.add_argument("--workload", action="append", help="replay workload JSONL(s) whose prompts to use")
@@ -81,6 +85,13 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--static-k/--adaptive-k: expected integers >= 1")
         if not conc or min(conc) < 1:
             raise ValueError(f"--concurrency: expected integers >= 1, got {args.concurrency!r}")
+        natives = [m.strip() for m in args.native.split(",") if m.strip()]
+        bad = [m for m in natives if m not in ("ngram", "suffix")]
+        if bad:
+            raise ValueError(f"--native: expected ngram and/or suffix, got {bad[0]!r}")
+        native_k = [int(k) for k in args.native_k.split(",") if k.strip()]
+        if natives and (not native_k or min(native_k) < 1):
+            raise ValueError(f"--native-k: expected integers >= 1, got {args.native_k!r}")
         policy_options = json.loads(args.policy_options)
         from spec_plugins.registry import create_policy, proposer_class
 
@@ -109,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         from spec_plugins.models import smollm2_path
 
         model = str(smollm2_path())
-    configs = configurations(args.proposer, static_k, args.adaptive_k, policy_options, args.native, args.native_k)
+    configs = configurations(args.proposer, static_k, args.adaptive_k, policy_options, natives, native_k)
     engines: dict[str, Engine] = {}
     rounds: dict[str, dict[int, list[RunResult]]] = {name: {c: [] for c in conc} for name in configs}
     try:
@@ -144,15 +155,20 @@ def main(argv: list[str] | None = None) -> int:
     out = Console(width=140)
     for c in conc:
         t = Table(title=f"vLLM, {Path(model).name}, greedy, concurrency {c}, {args.max_tokens} tokens/prompt")
-        for col in ("config", "tokens/s", "vs none", "vs best static", "accepted len", "drafted/draft", "identical"):
-            t.add_column(col, justify="left" if col == "config" else "right")
         cr = [r for r in rows if r["concurrency"] == c]
         none = next(r["tokens_per_s"] for r in cr if r["config"] == "none")
         best_static = max(r["tokens_per_s"] for r in cr if " K=" in r["config"] and not r["config"].startswith("vllm:"))
+        best_native = max((r["tokens_per_s"] for r in cr if r["config"].startswith("vllm:")), default=None)
+        cols = ["config", "tokens/s", "vs none", "vs best static", *(["vs best native"] if best_native else []),
+                "accepted len", "drafted/draft", "identical"]
+        for col in cols:
+            t.add_column(col, justify="left" if col == "config" else "right")
         for r in cr:
             t.add_row(r["config"], f"{r['tokens_per_s']:.1f}", f"{r['tokens_per_s'] / none:.2f}x",
-                      f"{r['tokens_per_s'] / best_static:.3f}x", f"{r['acceptance_length']:.2f}",
-                      f"{r['draft_tokens_per_draft']:.2f}", "yes" if r["identical"] else "[red]NO[/]")
+                      f"{r['tokens_per_s'] / best_static:.3f}x",
+                      *([f"{r['tokens_per_s'] / best_native:.3f}x"] if best_native else []),
+                      f"{r['acceptance_length']:.2f}", f"{r['draft_tokens_per_draft']:.2f}",
+                      "yes" if r["identical"] else "[red]NO[/]")
         out.print(t)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
