@@ -220,7 +220,7 @@ def test_trace_file_records_rows_and_finishes(monkeypatch, tmp_path):
     lines = [json.loads(line) for line in trace.read_text().splitlines()]
     assert lines[0]["us"] > 0 and lines[0]["t"] > 0
     assert [{k: v for k, v in e.items() if k not in ("pid", "t", "us")} for e in lines] == [
-        {"step": 1, "rows": ["a"], "tracked": 1}, {"finish": "a", "why": "finished"}]
+        {"step": 1, "rows": ["a"], "tracked": 1, "drafted": [0]}, {"finish": "a", "why": "finished"}]
 
 
 def test_register_imports_neither_numba_nor_torch_nor_vllm():

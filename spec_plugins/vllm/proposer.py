@@ -19,8 +19,9 @@ Request ids: vLLM passes none. With the `vllm.general_plugins` entry point (`plu
 sets `row_req_ids` before every call and calls `finish(req_id)` for finished and preempted requests;
 without it rows stand for requests ("row-3"). Either way per-request state is bounded: see `_sweep`.
 
-`SPEC_PLUGINS_TRACE_FILE=PATH` appends one JSON line per step (`{"pid", "step", "rows", "tracked", "t", "us"}`:
-`t` when the step's drafting began, `us` the host time it took;
+`SPEC_PLUGINS_TRACE_FILE=PATH` appends one JSON line per step (`{"pid", "step", "rows", "tracked", "drafted",
+"t", "us"}`: `drafted` the draft lengths of the rows that drafted, `t` when the step's drafting began, `us` the
+host time it took;
 every `trace_stats_every` steps also `"stats"`: the proposer's `stats()`, if it has one) and per freed
 request (`{"pid", "finish", "why"}`) to PATH; the integration tests and benchmarks/soak.py read it.
 
@@ -148,7 +149,7 @@ class SpecPluginsProposer(RequestIdAware):
             max_draft=np.minimum(np.maximum(self.max_model_len - 1 - lens, 0), k), present=present,
         )
         if self._trace is not None:
-            self._trace_step(ids, start)
+            self._trace_step(ids, start, drafts.lengths)
         if len(live) == num_rows:
             return drafts.lists()
         out: list[list[int]] = [[] for _ in range(num_rows)]
@@ -171,11 +172,12 @@ class SpecPluginsProposer(RequestIdAware):
             return list(ids[:num_rows])
         return [ids[i] if ids is not None and i < len(ids) else f"row-{i}" for i in range(num_rows)]
 
-    def _trace_step(self, ids: list[Any], start: float) -> None:
+    def _trace_step(self, ids: list[Any], start: float, drafted: np.ndarray) -> None:
         # t: when this step's drafting began (perf_counter, s), us: its host time; the gaps between steps' t
         # are the engine's step times as the worker saw them.
         event = {"step": self.drafting.step_count, "rows": ids, "tracked": self.drafting.num_tracked,
-                 "t": round(start, 6), "us": round((time.perf_counter() - start) * 1e6, 1)}
+                 "drafted": drafted.tolist(), "t": round(start, 6),
+                 "us": round((time.perf_counter() - start) * 1e6, 1)}
         if self.drafting.step_count % self.trace_stats_every == 0:
             stats = self.drafting.stats()
             if stats is not None:
