@@ -218,6 +218,27 @@ def test_walk_matches_markov_walk(head_type):
 
 
 @interpreted
+@pytest.mark.parametrize("head_type", ["vanilla", "rnn"])
+def test_fused_walk_block_is_the_walk(head_type):
+    """walk_block with the kernel (opt-in): the kernel's tokens and one teacher-forced pass give the walk's
+    WalkResult -- tokens, logits (draft_topk mask included), one-hot proposal and confidences."""
+    from spec_plugins.proposers.dspark.heads import ConfidenceHead, walk_block
+
+    hidden, base, anchor, markov = walk_inputs(head_type)
+    confidence = ConfidenceHead(hidden.shape[-1], markov.rank).eval()
+    for topk in (None, 5):
+        want = markov_walk(hidden, base, anchor, markov, confidence, 0.0, draft_topk=topk)
+        got = walk_block(hidden, base, anchor, markov, confidence, 0.0, draft_topk=topk, fused=True)
+        assert torch.equal(got.tokens, want.tokens) and torch.equal(got.probs, want.probs)
+        torch.testing.assert_close(got.logits, want.logits)
+        torch.testing.assert_close(got.confidence_logits, want.confidence_logits)
+    # A sampled block takes the walk itself (the kernel is greedy): the same draws from the same generator.
+    want = markov_walk(hidden, base, anchor, markov, confidence, 1.0, torch.Generator().manual_seed(3))
+    got = walk_block(hidden, base, anchor, markov, confidence, 1.0, torch.Generator().manual_seed(3), fused=True)
+    assert torch.equal(got.tokens, want.tokens) and torch.equal(got.probs, want.probs)
+
+
+@interpreted
 def test_walk_matches_in_bfloat16_and_with_wide_chunks():
     """bf16 head and logits (the bias rounded to bf16 before the add, as nn.Linear's output is), a rank that
     is a power of two, and vocabulary chunks of other sizes."""

@@ -11,6 +11,7 @@ from spec_plugins.proposers.dspark.heads import (
     markov_walk,
     prefix_survival,
     teacher_forced,
+    walk_block,
 )
 from spec_plugins.proposers.dspark.deepspec import load_deepspec_dspark
 from spec_plugins.proposers.dspark.loader import load_dspark
@@ -18,6 +19,6 @@ from spec_plugins.proposers.dspark.proposer import DSparkProposer
 
 __all__ = [
     "MARKOV_HEAD_TYPES", "ConfidenceHead", "DSparkDrafter", "DSparkProposer", "MarkovHead", "SequentialTemperatureScaling",
-    "WalkResult", "expected_calibration_error", "load_deepspec_dspark", "load_dspark", "markov_walk", "prefix_survival",
+    "WalkResult", "expected_calibration_error", "load_deepspec_dspark", "load_dspark", "markov_walk", "prefix_survival", "walk_block",
     "teacher_forced",
 ]

@@ -184,6 +184,45 @@ def markov_walk(hidden: Tensor, base_logits: Tensor, anchor: Tensor, markov: Mar
     )
 
 
+FUSED_WALK_ENV = "SPEC_PLUGINS_FUSED_WALK"  # =1: greedy blocks on CUDA draft with the fused kernel (walk_block)
+
+
+def walk_block(hidden: Tensor, base_logits: Tensor, anchor: Tensor, markov: MarkovHead | None,
+               confidence: ConfidenceHead | None = None, temperature: float | Tensor = 0.0,
+               generator: torch.Generator | None = None, draft_topk: int | None = None,
+               fused: bool | None = None) -> WalkResult:
+    """`markov_walk`, or for a greedy block where the fused kernel runs (`kernels/dspark_walk.py`: CUDA
+    tensors with Triton) the kernel's tokens plus one teacher-forced pass for their logits and confidences:
+    the same WalkResult. fused: None reads SPEC_PLUGINS_FUSED_WALK (off unless "1"; the kernel is opt-in
+    until `benchmarks/gpu_kernels.py` has measured it against this walk on a GPU)."""
+    if fused is None:
+        import os
+
+        fused = os.environ.get(FUSED_WALK_ENV, "0").strip() == "1"
+    greedy = bool((torch.as_tensor(temperature).reshape(-1) < _GREEDY_EPS).all())
+    if not (fused and greedy and markov is not None and (base_logits.is_cuda or _interpreted())):
+        return markov_walk(hidden, base_logits, anchor, markov, confidence, temperature, generator, draft_topk)
+    from spec_plugins.kernels.dspark_walk import dspark_walk, use_triton
+
+    if not use_triton(base_logits):
+        return markov_walk(hidden, base_logits, anchor, markov, confidence, temperature, generator, draft_topk)
+    tokens = dspark_walk(hidden, base_logits, anchor, markov, draft_topk)
+    prev = torch.cat([anchor.long()[:, None], tokens[:, :-1]], dim=1)
+    logits = base_logits.float() + markov.block_bias(hidden, prev).float()  # as the walk adds them
+    vocab = logits.shape[-1]
+    if draft_topk is not None and draft_topk < vocab:
+        keep = base_logits.float().topk(draft_topk, dim=-1).indices
+        logits = logits.new_full(logits.shape, float("-inf")).scatter_(-1, keep, logits.gather(-1, keep))
+    conf = confidence(hidden, markov.prev_embedding(prev)).float() if confidence is not None else None
+    return WalkResult(tokens=tokens, logits=logits, probs=F.one_hot(tokens, vocab).float(), confidence_logits=conf)
+
+
+def _interpreted() -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
 def teacher_forced(hidden: Tensor, base_logits: Tensor, prev_tokens: Tensor, markov: MarkovHead | None,
                    confidence: ConfidenceHead | None = None) -> tuple[Tensor, Tensor | None]:
     """Training-style block outputs for given predecessors prev_tokens [b, g] = [anchor, x_1 .. x_{g-1}]:
@@ -222,5 +261,5 @@ class DSparkDrafter(DFlashDrafter):
         """context_taps [b, c, taps * d] of newly committed positions (c may be 0), anchor [b] the token at
         the next position (the target's bonus). Returns gamma drafts for the positions after the anchor."""
         hidden, base_logits = self.backbone(context_taps, anchor)
-        return markov_walk(hidden, base_logits, anchor, self.markov, self.confidence, temperature, generator,
-                           draft_topk)
+        return walk_block(hidden, base_logits, anchor, self.markov, self.confidence, temperature, generator,
+                          draft_topk)

