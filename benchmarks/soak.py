@@ -160,6 +160,8 @@ class TraceTail:
                 if "finish" in e:
                     self.why[e["why"]] = self.why.get(e["why"], 0) + 1
                     continue
+                if "step" not in e:  # an engine's start line
+                    continue
                 self.steps, self.max_tracked = self.steps + 1, max(self.max_tracked, e["tracked"])
                 if "stats" in e:
                     self.latest = e["stats"]

@@ -19,10 +19,13 @@ from collections import defaultdict
 
 def summarize(path: str, rows: int | None = None, idle_s: float = 1.0) -> list[dict]:
     steps: dict[int, list[dict]] = defaultdict(list)
+    engine: dict[int, str] = {}
     with open(path) as f:
         for line in f:
             e = json.loads(line)
-            if "step" in e and "t" in e:
+            if "start" in e:
+                engine[e["pid"]] = f"{e['start']} {e['policy']} K={e['k']}"
+            elif "step" in e and "t" in e:
                 steps[e["pid"]].append(e)
     out = []
     for pid, es in steps.items():
@@ -31,7 +34,7 @@ def summarize(path: str, rows: int | None = None, idle_s: float = 1.0) -> list[d
                 and (rows is None or len(a.get("drafted", ())) == rows)]
         kept = [e for e in es if rows is None or len(e.get("drafted", ())) == rows]
         drafted = [d for e in kept for d in e.get("drafted", ())]
-        out.append({"pid": pid, "steps": len(kept), "interval_ms_median": statistics.median(gaps) if gaps else None,
+        out.append({"pid": pid, "engine": engine.get(pid, "?"), "steps": len(kept), "interval_ms_median": statistics.median(gaps) if gaps else None,
                     "ours_us_median": statistics.median(e["us"] for e in kept) if kept else None,
                     "drafted_mean": sum(drafted) / len(drafted) if drafted else None})
     return out
@@ -42,10 +45,10 @@ def main() -> None:
     ap.add_argument("trace")
     ap.add_argument("--rows", type=int, help="only steps with exactly this many drafting rows")
     args = ap.parse_args()
-    print(f"{'pid':>8} {'steps':>6} {'step interval ms':>17} {'ours µs':>8} {'drafted/row':>11}")
+    print(f"{'pid':>8} {'engine':>28} {'steps':>6} {'step interval ms':>17} {'ours µs':>8} {'drafted/row':>11}")
     for r in summarize(args.trace, args.rows):
         fmt = lambda v, spec: "-" if v is None else format(v, spec)
-        print(f"{r['pid']:>8} {r['steps']:>6} {fmt(r['interval_ms_median'], '17.2f')} {fmt(r['ours_us_median'], '8.1f')} "
+        print(f"{r['pid']:>8} {r['engine']:>28} {r['steps']:>6} {fmt(r['interval_ms_median'], '17.2f')} {fmt(r['ours_us_median'], '8.1f')} "
               f"{fmt(r['drafted_mean'], '11.2f')}")
 
 

@@ -218,9 +218,10 @@ def test_trace_file_records_rows_and_finishes(monkeypatch, tmp_path):
     prop.propose([[3]], np.array([3]), np.array([[1, 2, 3]]))
     prop.finish("a")
     lines = [json.loads(line) for line in trace.read_text().splitlines()]
-    assert lines[0]["us"] > 0 and lines[0]["t"] > 0
+    assert lines[1]["us"] > 0 and lines[1]["t"] > 0
     assert [{k: v for k, v in e.items() if k not in ("pid", "t", "us")} for e in lines] == [
-        {"step": 1, "rows": ["a"], "tracked": 1, "drafted": [0]}, {"finish": "a", "why": "finished"}]
+        {"start": "ngram", "policy": "fixed", "k": 3}, {"step": 1, "rows": ["a"], "tracked": 1, "drafted": [0]},
+        {"finish": "a", "why": "finished"}]
 
 
 def test_register_imports_neither_numba_nor_torch_nor_vllm():

@@ -23,7 +23,7 @@ without it rows stand for requests ("row-3"). Either way per-request state is bo
 "t", "us"}`: `drafted` the draft lengths of the rows that drafted, `t` when the step's drafting began, `us` the
 host time it took;
 every `trace_stats_every` steps also `"stats"`: the proposer's `stats()`, if it has one) and per freed
-request (`{"pid", "finish", "why"}`) to PATH; the integration tests and benchmarks/soak.py read it.
+request (`{"pid", "finish", "why"}`) to PATH, after one `{"pid", "start", "policy", "k"}` line per engine; the integration tests and benchmarks/soak.py read it.
 
 This module must not import numba/llvmlite (it breaks vLLM's CPU engine start) nor vLLM itself.
 """
@@ -74,6 +74,8 @@ class SpecPluginsProposer(RequestIdAware):
         # process) wrap the runner now, before its first step.
         hooked = install()
         s = self.settings
+        if self._trace is not None:  # which engine a process's step lines belong to
+            self._write({"start": s.proposer, "policy": s.policy, "k": self.num_speculative_tokens})
         logger.info("spec-plugins: proposer %r %s, policy %r %s, K = %d%s; runner hook %s", s.proposer,
                     s.proposer_options or "(defaults)", s.policy, s.policy_options or "(defaults)",
                     self.num_speculative_tokens,
