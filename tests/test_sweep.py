@@ -198,3 +198,38 @@ def test_render_redoes_the_best_configs_from_results_json(tmp_path):
     assert json.loads((tmp_path / "best_configs.json").read_text()) == doc["best"]
     with pytest.raises(ValueError, match="no readable results.json"):
         sweep.render(tmp_path / "nowhere", [1])
+
+
+def test_client_opens_a_fresh_connection_per_request():
+    """No pooled keep-alive connection is reused (one the server closed while idle fails the next request)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from spec_plugins.bench.sweep import Client
+
+    peers = []
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive on the server's side
+
+        def do_GET(self):
+            peers.append(self.client_address)
+            body = json.dumps({"object": "list", "data": []}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = Client(f"http://127.0.0.1:{server.server_port}", "m", 4)
+        for _ in range(3):
+            client.openai.models.list()
+    finally:
+        server.shutdown()
+    assert len(peers) == 3 and len(set(peers)) == 3

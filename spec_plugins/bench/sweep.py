@@ -202,10 +202,16 @@ class Client:
     """Streaming chat requests to one server (OpenAI client) and its spec-decode counters."""
 
     def __init__(self, url: str, model: str, max_tokens: int, timeout: float = 600) -> None:
-        from openai import OpenAI
+        import httpx
+        from openai import DefaultHttpxClient, OpenAI
 
         self.url, self.model, self.max_tokens = url.rstrip("/"), model, max_tokens
-        self.openai = OpenAI(base_url=f"{self.url}/v1", api_key="spec-plugins", timeout=timeout, max_retries=0)
+        # A fresh connection per request: a pooled keep-alive connection that the server closed while idle
+        # (uvicorn: after 5 s) fails the next request before it is sent, and with no retries (every failure
+        # counts here) that would be charged to the configuration.
+        http = DefaultHttpxClient(limits=httpx.Limits(max_keepalive_connections=0), timeout=timeout)
+        self.openai = OpenAI(base_url=f"{self.url}/v1", api_key="spec-plugins", timeout=timeout, max_retries=0,
+                             http_client=http)
 
     def counters(self) -> dict[str, int]:
         import urllib.request
