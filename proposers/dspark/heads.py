@@ -21,6 +21,7 @@ drawn (non-anticipation, which a causal verify-length scheduler relies on).
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import torch
 from torch import Tensor, nn
@@ -122,6 +123,16 @@ class WalkResult:
     confidence_logits: Tensor | None  # [b, g] raw confidence logits (apply STS to these), or None
 
 
+def add_bias(logits: Tensor, bias: Tensor, draft_topk: int | None) -> Tensor:
+    """fp32 backbone logits [..., V] plus the Markov bias; with draft_topk (< V) only the k best backbone
+    candidates of each row get it and the rest are impossible (-inf)."""
+    if draft_topk is None or draft_topk >= logits.shape[-1]:
+        return logits + bias.float()
+    keep = logits.topk(draft_topk, dim=-1).indices
+    return logits.new_full(logits.shape, float("-inf")).scatter_(
+        -1, keep, logits.gather(-1, keep) + bias.float().gather(-1, keep))
+
+
 def markov_walk(hidden: Tensor, base_logits: Tensor, anchor: Tensor, markov: MarkovHead | None,
                 confidence: ConfidenceHead | None = None, temperature: float | Tensor = 0.0,
                 generator: torch.Generator | None = None, draft_topk: int | None = None) -> WalkResult:
@@ -153,12 +164,7 @@ def markov_walk(hidden: Tensor, base_logits: Tensor, anchor: Tensor, markov: Mar
         logits = base_logits[:, k].float()
         if markov is not None:
             bias, state = markov.step(hidden[:, k], prev_emb, state)
-            if draft_topk is not None and draft_topk < vocab:
-                keep = logits.topk(draft_topk, dim=-1).indices
-                logits = logits.new_full(logits.shape, float("-inf")).scatter_(
-                    1, keep, logits.gather(1, keep) + bias.float().gather(1, keep))
-            else:
-                logits = logits + bias.float()
+            logits = add_bias(logits, bias, draft_topk)
         # The confidence reads only x_{k-1} (prev), before x_k is drawn below.
         if confidence is not None:
             conf_out.append(confidence(hidden[:, k], prev_emb).float())
@@ -196,31 +202,22 @@ def walk_block(hidden: Tensor, base_logits: Tensor, anchor: Tensor, markov: Mark
     the same WalkResult. fused: None reads SPEC_PLUGINS_FUSED_WALK (off unless "1"; the kernel is opt-in
     until `benchmarks/gpu_kernels.py` has measured it against this walk on a GPU)."""
     if fused is None:
-        import os
-
         fused = os.environ.get(FUSED_WALK_ENV, "0").strip() == "1"
-    greedy = bool((torch.as_tensor(temperature).reshape(-1) < _GREEDY_EPS).all())
-    if not (fused and greedy and markov is not None and (base_logits.is_cuda or _interpreted())):
-        return markov_walk(hidden, base_logits, anchor, markov, confidence, temperature, generator, draft_topk)
-    from spec_plugins.kernels.dspark_walk import dspark_walk, use_triton
+    # Triton is imported only where the kernel can run: CUDA tensors, or the CPU interpreter in tests.
+    use_kernel = (fused and markov is not None and (base_logits.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
+                  and bool((torch.as_tensor(temperature).reshape(-1) < _GREEDY_EPS).all()))
+    if use_kernel:
+        from spec_plugins.kernels.dspark_walk import dspark_walk, use_triton
 
-    if not use_triton(base_logits):
+        use_kernel = use_triton(base_logits)
+    if not use_kernel:
         return markov_walk(hidden, base_logits, anchor, markov, confidence, temperature, generator, draft_topk)
     tokens = dspark_walk(hidden, base_logits, anchor, markov, draft_topk)
     prev = torch.cat([anchor.long()[:, None], tokens[:, :-1]], dim=1)
-    logits = base_logits.float() + markov.block_bias(hidden, prev).float()  # as the walk adds them
-    vocab = logits.shape[-1]
-    if draft_topk is not None and draft_topk < vocab:
-        keep = base_logits.float().topk(draft_topk, dim=-1).indices
-        logits = logits.new_full(logits.shape, float("-inf")).scatter_(-1, keep, logits.gather(-1, keep))
+    logits = add_bias(base_logits.float(), markov.block_bias(hidden, prev), draft_topk)  # as the walk adds them
     conf = confidence(hidden, markov.prev_embedding(prev)).float() if confidence is not None else None
-    return WalkResult(tokens=tokens, logits=logits, probs=F.one_hot(tokens, vocab).float(), confidence_logits=conf)
-
-
-def _interpreted() -> bool:
-    import os
-
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return WalkResult(tokens=tokens, logits=logits, probs=F.one_hot(tokens, logits.shape[-1]).float(),
+                      confidence_logits=conf)
 
 
 def teacher_forced(hidden: Tensor, base_logits: Tensor, prev_tokens: Tensor, markov: MarkovHead | None,

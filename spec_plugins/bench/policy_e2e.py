@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from spec_plugins.bench.vllm_run import Engine, EngineRun, RunResult, concat
+from spec_plugins.demo import NATIVE_METHODS, native_config
 
 FORMAT = "spec-plugins-policy-e2e/1"
 
@@ -38,12 +39,9 @@ def configurations(proposer: str, static_k: list[int], adaptive_k: int, policy_o
     out[f"{proposer}+adaptive K<={adaptive_k}"] = (
         {"method": "custom_class", "model": model, "num_speculative_tokens": adaptive_k},
         {"spec_plugins": {"proposer": proposer, "policy": "adaptive", "policy_options": policy_options}})
-    if natives:
-        from spec_plugins.demo import native_config
-
-        for native in natives:
-            for k in native_k:
-                out[f"vllm:{native} K={k}"] = (native_config(native, k), None)
+    for native in natives:
+        for k in native_k:
+            out[f"vllm:{native} K={k}"] = (native_config(native, k), None)
     return out
 
 
@@ -86,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         if not conc or min(conc) < 1:
             raise ValueError(f"--concurrency: expected integers >= 1, got {args.concurrency!r}")
         natives = [m.strip() for m in args.native.split(",") if m.strip()]
-        bad = [m for m in natives if m not in ("ngram", "suffix")]
+        bad = [m for m in natives if m not in NATIVE_METHODS]
         if bad:
             raise ValueError(f"--native: expected ngram and/or suffix, got {bad[0]!r}")
         native_k = [int(k) for k in args.native_k.split(",") if k.strip()]

@@ -2,7 +2,7 @@
 
     python -m spec_plugins.bench.versus_native --hardware h200 --model-config configs/models/llama-3.1-8b.json \\
         [--traces-dir benchmarks/traces] [--workloads code_edits,spec_bench_smollm2,code_completion] \\
-        [--batch-sizes 1,16,64,256] [--json OUT.json] [--png OUT.png]
+        [--batch-sizes 1,16,64,256] [--host-time none] [--json OUT.json]
 
 Per workload the replay traces `DIR/<workload>/<proposer>.json` (`python -m spec_plugins.bench.replay
 --proposers suffix_tree,arctic,vllm_ngram --trace-out DIR`) are simulated at every batch size on the same
@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from spec_plugins.bench.policy_sim import add_cost_arguments, build_cost, run
+from spec_plugins.bench.policy_sim import add_cost_arguments, build_cost, build_host_time, run
 from spec_plugins.traces import load_traces
 
 FORMAT = "spec-plugins-versus-native/1"
@@ -36,12 +36,9 @@ def best_static(goodput: dict[str, list[float]], i: int) -> tuple[str, float]:
 
 
 def compare(args, cost, workload: str, batch_sizes: list[int], progress=None) -> list[dict[str, Any]]:
-    from spec_plugins.bench.host_time import DEFAULT, HostTime
-
     def simulate(proposer: str, static_only: bool) -> dict[str, list[float]]:
         traces = load_traces([str(args.traces_dir / workload / f"{proposer}.json")])
-        host = None if args.host_time == "none" else HostTime.load(
-            DEFAULT if args.host_time == "default" else args.host_time, proposer)
+        host = build_host_time(args, traces)
         max_draft = max(int(t["max_draft"]) for t in traces)
         out = run(traces, cost, batch_sizes, max_draft, args.steps, args.seed, host=host, static_only=static_only)
         if progress:
