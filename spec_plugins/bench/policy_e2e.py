@@ -9,9 +9,9 @@ optionally vLLM's native methods at their own K), all alive at once and timed in
 run on one machine state. At concurrency c the engine gets c prompts in one `generate` call (c = 1:
 `--sequential` prompts one after another). Every round and concurrency level takes prompts no engine
 has seen before: the suffix tree remembers finished responses, and a repeated prompt would be answered
-from memory. Reported per configuration and concurrency: output tokens/s (all rounds' tokens over
-their time), mean accepted length, drafted tokens per draft, and whether the greedy outputs equal the
-no-speculation run's.
+from memory. Reported per configuration and concurrency: output tokens/s (the median of the rounds, which
+the ratios use, with the rounds' range; all rounds' tokens over their time in the JSON), mean accepted
+length, drafted tokens per draft, and whether the greedy outputs equal the no-speculation run's.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -143,9 +144,10 @@ def main(argv: list[str] | None = None) -> int:
         base = concat(rounds["none"][c])
         for name in configs:
             res = concat(rounds[name][c])
+            per_round = [x.tokens_per_s for x in rounds[name][c]]
             rows.append({
                 "concurrency": c, "config": name, "tokens_per_s": res.tokens_per_s,
-                "rounds_tokens_per_s": [x.tokens_per_s for x in rounds[name][c]],
+                "median_tokens_per_s": statistics.median(per_round), "rounds_tokens_per_s": per_round,
                 "acceptance_length": res.acceptance_length,
                 "draft_tokens_per_draft": res.num_draft_tokens / res.num_drafts if res.num_drafts else 0.0,
                 "identical": res.token_ids == base.token_ids,
@@ -154,17 +156,20 @@ def main(argv: list[str] | None = None) -> int:
     for c in conc:
         t = Table(title=f"vLLM, {Path(model).name}, greedy, concurrency {c}, {args.max_tokens} tokens/prompt")
         cr = [r for r in rows if r["concurrency"] == c]
-        none = next(r["tokens_per_s"] for r in cr if r["config"] == "none")
-        best_static = max(r["tokens_per_s"] for r in cr if " K=" in r["config"] and not r["config"].startswith("vllm:"))
-        best_native = max((r["tokens_per_s"] for r in cr if r["config"].startswith("vllm:")), default=None)
-        cols = ["config", "tokens/s", "vs none", "vs best static", *(["vs best native"] if best_native else []),
-                "accepted len", "drafted/draft", "identical"]
+        # Ratios compare medians of the rounds: one slow round on a shared machine moves a median least.
+        med = "median_tokens_per_s"
+        none = next(r[med] for r in cr if r["config"] == "none")
+        best_static = max(r[med] for r in cr if " K=" in r["config"] and not r["config"].startswith("vllm:"))
+        best_native = max((r[med] for r in cr if r["config"].startswith("vllm:")), default=None)
+        cols = ["config", "tokens/s (median)", "rounds min-max", "vs none", "vs best static",
+                *(["vs best native"] if best_native else []), "accepted len", "drafted/draft", "identical"]
         for col in cols:
             t.add_column(col, justify="left" if col == "config" else "right")
         for r in cr:
-            t.add_row(r["config"], f"{r['tokens_per_s']:.1f}", f"{r['tokens_per_s'] / none:.2f}x",
-                      f"{r['tokens_per_s'] / best_static:.3f}x",
-                      *([f"{r['tokens_per_s'] / best_native:.3f}x"] if best_native else []),
+            spread = f"{min(r['rounds_tokens_per_s']):.1f}-{max(r['rounds_tokens_per_s']):.1f}"
+            t.add_row(r["config"], f"{r[med]:.1f}", spread, f"{r[med] / none:.2f}x",
+                      f"{r[med] / best_static:.3f}x",
+                      *([f"{r[med] / best_native:.3f}x"] if best_native else []),
                       f"{r['acceptance_length']:.2f}", f"{r['draft_tokens_per_draft']:.2f}",
                       "yes" if r["identical"] else "[red]NO[/]")
         out.print(t)
