@@ -292,6 +292,15 @@ class BatchPolicy(Protocol):
 
 
 @runtime_checkable
+class ObservesStepTime(Protocol):
+    """A policy that learns from the engine's measured step time. A drafting layer given a clock reports
+    the seconds between the starts of two consecutive steps over the same requests: the engine's whole
+    step as its drafter sees it (verification, sampling, scheduling, the serving front end, drafting)."""
+
+    def observe_step_interval(self, seconds: float) -> None: ...
+
+
+@runtime_checkable
 class BatchCapped(Protocol):
     """A policy with a batch-level limit: the most draft tokens one request may get at this batch size
     (None: no limit). Engines that set one draft length for the whole step (TensorRT-LLM) read it."""

@@ -13,7 +13,9 @@ What an engine adapter would otherwise write for itself lives here once:
   request absent from the batch for more than `stale_steps` steps is finished (engines do not report
   every end to their drafter);
 * caps -> propose -> check -> trim, through the batched paths the proposer and the policy declare
-  (`core.BatchProposer`, `core.BatchPolicy`), else through their per-request methods.
+  (`core.BatchProposer`, `core.BatchPolicy`), else through their per-request methods;
+* with a clock (engines pass one; replays and simulators do not), the engine's measured step intervals
+  to a policy that learns from them (`core.ObservesStepTime`).
 
 The ledger is columnar (request -> slot, numpy columns per slot) so a step costs a few numpy calls
 plus one dict lookup per request: on a GPU this host time sits between two verification steps.
@@ -28,7 +30,7 @@ import numpy as np
 from spec_plugins import _columns
 from spec_plugins.core import (
     BatchDrafts, BatchPolicy, BatchProposer, BindsModel, DraftBatch, DraftLengthPolicy, DraftRequest, HasStats,
-    LoadsTarget, Proposer, ReqId, TrimsDrafts, apply_policy, check_cap, check_drafts,
+    LoadsTarget, ObservesStepTime, Proposer, ReqId, TrimsDrafts, apply_policy, check_cap, check_drafts,
 )
 from spec_plugins.slots import RequestSlots
 
@@ -42,10 +44,16 @@ class DraftingLayer:
     who:        names the proposer in errors ("proposer 'ngram'").
     stale_steps: a request absent from this many steps in a row is finished.
     on_finish:  called as on_finish(req_id, why) after a request's state is freed (traces).
+    clock:      seconds (time.perf_counter) for the step intervals an `ObservesStepTime` policy learns
+                from; None: the layer keeps no time (deterministic replays, simulators).
     """
 
     def __init__(self, proposer: Proposer, policy: DraftLengthPolicy, *, who: str = "proposer",
-                 stale_steps: int = 16, on_finish: Callable[[ReqId, str], None] | None = None) -> None:
+                 stale_steps: int = 16, on_finish: Callable[[ReqId, str], None] | None = None,
+                 clock: Callable[[], float] | None = None) -> None:
+        self.clock = clock
+        self._timed_at: float | None = None  # when the last timed step began, and its batch size
+        self._timed_n = -1
         self.proposer = proposer
         self.policy = policy
         self.who = who
@@ -75,6 +83,7 @@ class DraftingLayer:
     def policy(self, policy: DraftLengthPolicy) -> None:
         self._policy = policy
         self._batch_policy = isinstance(policy, BatchPolicy)
+        self._times_steps = self.clock is not None and isinstance(policy, ObservesStepTime)
 
     # ---- what adapters hand through -------------------------------------------------------------
 
@@ -136,6 +145,8 @@ class DraftingLayer:
             raise ValueError(f"{self.who}: a request id appears twice in one step")
         ledger = self._ledger
         slots, new = ledger.lookup(req_ids)
+        if self._times_steps:
+            self._time_step(n, new, present)
         if accepted is not None:
             self._observe(slots, req_ids, np.ascontiguousarray(accepted, dtype=np.int64))
         # First sight, or a context that shrank (recomputed): the whole context is new.
@@ -205,6 +216,15 @@ class DraftingLayer:
             self.finish(ledger.id_at(slot), why="stale")
 
     # ---- internals --------------------------------------------------------------------------------
+
+    def _time_step(self, n: int, new: np.ndarray, present: Sequence[ReqId]) -> None:
+        now = self.clock()
+        # Only the interval between two steps over the same requests is one engine step of the batch the
+        # policy drafted for: a request that joins (its prefill), a prefill chunk alongside, or a batch
+        # that shrank or grew make it something else.
+        if self._timed_at is not None and n == self._timed_n and not present and not new.any():
+            self.policy.observe_step_interval(now - self._timed_at)
+        self._timed_at, self._timed_n = now, -1 if present else n
 
     def _observe(self, slots: np.ndarray, req_ids: Sequence[ReqId], accepted: np.ndarray) -> None:
         # Each draft is reported once, with what was accepted capped at what was drafted.

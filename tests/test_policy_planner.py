@@ -233,6 +233,7 @@ def test_policy_e2e_configurations_and_bad_input(capsys):
     assert confs["vllm:suffix K=8"][0]["method"] == "suffix"
     # Bad input fails before any engine starts, in one line.
     for argv, msg in ((["--concurrency", "0"], "--concurrency"), (["--static-k", "0"], "--static-k"),
+                      (["--static-k", ""], "none is allowed only beside --native"),
                       (["--proposer", "sufix"], "unknown name 'sufix'"),
                       (["--native", "eagle"], "--native: expected ngram and/or suffix"),
                       (["--native", "suffix", "--native-k", "0"], "--native-k"),

@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m spec_plugins.bench.policy_e2e", description=__doc__.split("\n")[0])
     ap.add_argument("--model", help="HF model folder (default: SmolLM2-135M-Instruct)")
     ap.add_argument("--proposer", default="suffix_tree")
-    ap.add_argument("--static-k", default="2,4,8,16")
+    ap.add_argument("--static-k", default="2,4,8,16", help="static draft lengths of the proposer (comma-separated; "
+                                                          "may be empty beside --native)")
     ap.add_argument("--adaptive-k", type=int, default=16)
     ap.add_argument("--policy-options", default='{"profile": "vllm-cpu-smollm2-135m"}')
     ap.add_argument("--native", default="", help="also vLLM's own methods (comma-separated: ngram, suffix), each "
@@ -80,11 +81,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         static_k = [int(k) for k in args.static_k.split(",") if k.strip()]
         conc = [int(c) for c in args.concurrency.split(",") if c.strip()]
-        if not static_k or min(static_k) < 1 or args.adaptive_k < 1:
+        if (static_k and min(static_k) < 1) or args.adaptive_k < 1:
             raise ValueError("--static-k/--adaptive-k: expected integers >= 1")
         if not conc or min(conc) < 1:
             raise ValueError(f"--concurrency: expected integers >= 1, got {args.concurrency!r}")
         natives = [m.strip() for m in args.native.split(",") if m.strip()]
+        if not static_k and not natives:
+            raise ValueError("--static-k: expected integers >= 1 (none is allowed only beside --native)")
         bad = [m for m in natives if m not in NATIVE_METHODS]
         if bad:
             raise ValueError(f"--native: expected ngram and/or suffix, got {bad[0]!r}")
@@ -159,16 +162,17 @@ def main(argv: list[str] | None = None) -> int:
         # Ratios compare medians of the rounds: one slow round on a shared machine moves a median least.
         med = "median_tokens_per_s"
         none = next(r[med] for r in cr if r["config"] == "none")
-        best_static = max(r[med] for r in cr if " K=" in r["config"] and not r["config"].startswith("vllm:"))
+        best_static = max((r[med] for r in cr if " K=" in r["config"] and not r["config"].startswith("vllm:")),
+                          default=None)
         best_native = max((r[med] for r in cr if r["config"].startswith("vllm:")), default=None)
-        cols = ["config", "tokens/s (median)", "rounds min-max", "vs none", "vs best static",
+        cols = ["config", "tokens/s (median)", "rounds min-max", "vs none", *(["vs best static"] if best_static else []),
                 *(["vs best native"] if best_native else []), "accepted len", "drafted/draft", "identical"]
         for col in cols:
             t.add_column(col, justify="left" if col == "config" else "right")
         for r in cr:
             spread = f"{min(r['rounds_tokens_per_s']):.1f}-{max(r['rounds_tokens_per_s']):.1f}"
             t.add_row(r["config"], f"{r[med]:.1f}", spread, f"{r[med] / none:.2f}x",
-                      f"{r[med] / best_static:.3f}x",
+                      *([f"{r[med] / best_static:.3f}x"] if best_static else []),
                       *([f"{r[med] / best_native:.3f}x"] if best_native else []),
                       f"{r['acceptance_length']:.2f}", f"{r['draft_tokens_per_draft']:.2f}",
                       "yes" if r["identical"] else "[red]NO[/]")

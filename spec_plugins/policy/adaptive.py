@@ -12,7 +12,10 @@ from survival estimates (`acceptance.py`):
   what verification accepted;
 * drafts without: each request's own acceptance history per position, shrunk to the pooled history.
 
-A request whose draft is empty costs nothing extra. Drafts sampled from a draft distribution
+A request whose draft is empty costs nothing extra. Where the engine reports its measured step intervals
+(`observe_step_interval`), each step also pays their excess over the cost model: a profile measured in
+one setting (an engine in-process, a bare forward) and served in another (behind `vllm serve`, with a
+scheduler, sampler and front end per step) would otherwise price tokens too dear against the real step. Drafts sampled from a draft distribution
 (`Draft.probs` set) are trimmed with the non-anticipating greedy search, deterministic drafts with the
 global one (see allocator.py). For sampled drafts a proposer's confidence at position j may depend on the
 tokens before j but never on token j itself (DSpark's head sees x_{j-1}, not x_j): keeping a sampled
@@ -59,6 +62,10 @@ class AdaptiveLength:
         rate_decay: float = pydantic.Field(default=0.98, gt=0.0, lt=1.0)
         request_correction: float = pydantic.Field(default=8.0, ge=0.0)  # pseudo-trials; 0 = off
         max_draft_tokens_per_step: int | None = pydantic.Field(default=None, ge=0)  # over the whole batch
+        # "measured": every step also pays what the engine's measured steps took beyond the cost model (where
+        # the engine reports step intervals; see observe_step_interval). "model": the cost model alone.
+        step_overhead: Literal["measured", "model"] = "measured"
+        overhead_decay: float = pydantic.Field(default=0.95, gt=0.0, lt=1.0)
 
         # Names are resolved here, so a bad one is reported under its field (policy_options.hardware: ...)
         # when the engine starts, not when the first step costs a draft. The resolvers' own messages name
@@ -92,6 +99,10 @@ class AdaptiveLength:
         self.history = HistoryEstimator(p, decay=opts.history_decay, slots=self.requests)
         self.calibrator = ConfidenceCalibrator()
         self._tau = self._time = 0.0  # decayed sums of expected tokens and modelled seconds per step
+        # The measured steps' excess over the model: decayed sums of (interval - modelled step) and of weights;
+        # _modelled is the last trimmed step's modelled time (None: no step to compare the next interval with).
+        self._excess_sum = self._excess_weight = 0.0
+        self._modelled: float | None = None
         self._curves_of: StepCost | None = None  # the cost model `_curves` reads (allocator.curve_source)
         self._curves = None
         if self.cost is None and (opts.hardware is None) == (opts.profile is None):
@@ -139,10 +150,11 @@ class AdaptiveLength:
         if self._curves_of is not self.cost:  # resolved once per cost model
             self._curves_of, self._curves = self.cost, curve_source(self.cost)
         curves = None if self._curves is None else self._curves(n, n + int(drafted.sum()) + 1, context)
+        extra = self.measured_overhead_s
         if curves is not None:  # survival, walk and bookkeeping in one compiled call (policy/_walk.cpp)
-            lengths, tau, linear, attention = self._trim_compiled(slots, drafts, search, context, curves)
+            lengths, tau, linear, attention = self._trim_compiled(slots, drafts, search, context, curves, extra)
         else:
-            lengths, tau = self._trim_numpy(batch.req_ids, slots, drafts, search, context)
+            lengths, tau = self._trim_numpy(batch.req_ids, slots, drafts, search, context, extra)
             linear = attention = None
         # The long-run goodput the allocator weighs tokens against: modelled, over recent steps.
         d = self.options.rate_decay
@@ -151,11 +163,32 @@ class AdaptiveLength:
             step = self.cost.step_time(lengths, context)
         else:  # step_time's sum, from the parts the walk read off the same curves
             step = self.cost.overhead_s + linear + attention + self.cost.draft_time(lengths)
-        self._time = d * self._time + step
+        self._modelled = step
+        self._time = d * self._time + step + extra
         return lengths
 
+    @property
+    def measured_overhead_s(self) -> float:
+        """Seconds per step the engine's measured steps took beyond the cost model (0 until measured, or
+        with `step_overhead: model`); never negative: a step faster than modelled lowers no token's price."""
+        if self._excess_weight == 0.0:
+            return 0.0
+        return max(self._excess_sum / self._excess_weight, 0.0)
+
+    def observe_step_interval(self, seconds: float) -> None:
+        """The engine's whole step that verified the last trimmed drafts took `seconds` (core.ObservesStepTime)."""
+        modelled, self._modelled = self._modelled, None  # each trimmed step is compared once
+        if self.options.step_overhead != "measured" or modelled is None or not seconds > 0.0:
+            return
+        # One interval can hold a pause (a collection, a preemption, an idle front end): bounded at three
+        # modelled steps, so such an outlier moves the estimate a little, a steady excess fully.
+        excess = min(seconds - modelled, 3.0 * modelled)
+        d = self.options.overhead_decay
+        self._excess_sum = d * self._excess_sum + excess
+        self._excess_weight = d * self._excess_weight + 1.0
+
     def _trim_compiled(self, slots: np.ndarray, drafts: BatchDrafts, search: str, context: np.ndarray,
-                       curves: tuple) -> tuple:
+                       curves: tuple, extra: float) -> tuple:
         cols, cal, o = self.requests, self.calibrator, self.options
         with_conf = o.confidence != "off" and drafts.confidence is not None
         h = self.history
@@ -166,16 +199,16 @@ class AdaptiveLength:
             drafts.confidence if with_conf else None, drafts.offsets, drafts.lengths, history, slots,
             cal.trials, cal.successes, cal.prior_weight, cols["fit_ok"], cols["fit_predicted"],
             o.request_correction, cols["kept"], cols["kept_len"],
-            self.cost.overhead_s + self.cost.draft_time(drafts.lengths), search == "greedy", o.min_gain,
+            self.cost.overhead_s + extra + self.cost.draft_time(drafts.lengths), search == "greedy", o.min_gain,
             self._rate(), -1 if o.max_draft_tokens_per_step is None else o.max_draft_tokens_per_step,
             curve, attention)
 
     def _trim_numpy(self, req_ids: Sequence[Hashable], slots: np.ndarray, drafts: BatchDrafts, search: str,
-                    context: np.ndarray) -> tuple[np.ndarray, float]:
+                    context: np.ndarray, extra: float) -> tuple[np.ndarray, float]:
         surv, usable, conf = self._survival(req_ids, slots, drafts)
         lengths = allocate_batch(surv, usable, context, self.cost, search=search, drafted=drafts.lengths,
                                  min_gain=self.options.min_gain, rate=self._rate(),
-                                 budget=self.options.max_draft_tokens_per_step)
+                                 budget=self.options.max_draft_tokens_per_step, extra_s=extra)
         kept = np.arange(surv.shape[1])[None, :] < lengths[:, None]
         tau = float(len(lengths) + np.sum(np.where(kept, surv, 0.0)))
         if conf is None:

@@ -106,13 +106,15 @@ def allocate_batch(
     min_gain: float = 0.0,
     rate: float | None = None,
     budget: int | None = None,
+    extra_s: float = 0.0,
     compiled: bool = True,
 ) -> np.ndarray:
     """`allocate` on a whole step at once: survival[r, :lengths[r]] is request r's prefix survival
     (entries past its length are ignored). The ranking is one lexsort, tokens and step times along it
     are cumulative sums over the cost curves (cached per batch size by the cost models), and the
     search picks its stop on the whole array: the same lengths as walking the ranking one candidate
-    at a time (tests/test_batched_policy.py checks this against that walk). With a cost model that
+    at a time (tests/test_batched_policy.py checks this against that walk). `extra_s`: seconds every step
+    pays beyond the cost model (the engine's measured overhead), sunk like the model's own. With a cost model that
     exposes its curves (`batch_curve`, or `linear_curve` + `attention_params`) the walk runs compiled
     (`compiled=False` forces the numpy path; both give the same lengths)."""
     if budget is not None and budget < 0:
@@ -136,7 +138,7 @@ def allocate_batch(
             r = int(np.flatnonzero(rising.any(axis=1))[0])
             raise ValueError(f"allocate: survival of request {r} increases along the draft; expected prefix survival")
     offered = lengths if drafted is None else np.asarray(drafted, dtype=np.int64)
-    sunk = cost.overhead_s + cost.draft_time(offered)
+    sunk = cost.overhead_s + extra_s + cost.draft_time(offered)
     curves = _compiled_curves(cost, n, n + int(lengths.sum()) + 1, context_lens) if compiled else None
     if curves is not None:  # the same walk in one compiled call (policy/_walk.cpp)
         curve, attention = curves

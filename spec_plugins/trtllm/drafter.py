@@ -40,6 +40,7 @@ Drafts are deterministic: no randomness per request or per step.
 
 from __future__ import annotations
 
+import time
 from typing import Any, ClassVar, Hashable, Optional, Sequence
 
 import numpy as np
@@ -245,7 +246,8 @@ class DrafterLogic:
         proposer = create_proposer(c["proposer"], c["proposer_options"])
         policy = create_policy(c["policy"], c["policy_options"])
         self._drafting = DraftingLayer(proposer, policy, who=f"proposer {c['proposer']!r}",
-                                       stale_steps=self.stale_steps, on_finish=self._forget)
+                                       stale_steps=self.stale_steps, on_finish=self._forget,
+                                       clock=time.perf_counter)
         if self._model is not None:
             self._drafting.bind_model(*self._model)
 

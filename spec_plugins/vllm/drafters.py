@@ -30,6 +30,7 @@ imports it, inside an engine.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Iterable
 
 import numpy as np
@@ -229,7 +230,7 @@ class DraftPolicy(plugin.RequestIdAware):
     def __init__(self, policy: Any, model: DSparkDraft, hf_config: Any) -> None:
         self.model = model
         self.given = EngineDrafts()
-        self.layer = DraftingLayer(self.given, policy, who="draft model 'dspark'")
+        self.layer = DraftingLayer(self.given, policy, who="draft model 'dspark'", clock=time.perf_counter)
         self.layer.bind_model(hf_config.to_dict(), source="vLLM model_config.hf_config")
         self._warned_async = False
 

@@ -64,7 +64,8 @@ class SpecPluginsProposer(RequestIdAware):
         self._trace = open(trace, "a", buffering=1) if trace else None
         self.drafting = DraftingLayer(proposer, policy, who=f"proposer {self.settings.proposer!r}",
                                       stale_steps=self.stale_steps,
-                                      on_finish=self._traced_finish if self._trace else None)
+                                      on_finish=self._traced_finish if self._trace else None,
+                                      clock=time.perf_counter)
         # Request ids per batch row, set by the plugin's runner wrapper before each propose(). Without
         # them a row stands for its request; rows are reused and reordered between steps, which only
         # blurs per-request state (our proposers see the whole context every step).

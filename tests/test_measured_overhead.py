@@ -1,0 +1,121 @@
+"""The engine's measured step time reaching the adaptive policy: which intervals the drafting layer
+reports, and what the policy does with them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from spec_plugins.core import BatchDrafts, DraftBatch, FixedLength, ObservesStepTime
+from spec_plugins.drafting import DraftingLayer
+from spec_plugins.policy.adaptive import AdaptiveLength
+from spec_plugins.policy.allocator import allocate_batch
+from spec_plugins.policy.cost import step_cost
+
+
+class TimedFixed(FixedLength):
+    def __init__(self) -> None:
+        super().__init__()
+        self.intervals: list[float] = []
+
+    def observe_step_interval(self, seconds: float) -> None:
+        self.intervals.append(seconds)
+
+
+class Repeat:
+    """Drafts the context's last token, twice."""
+
+    def propose(self, requests):
+        from spec_plugins.core import Draft
+
+        return [Draft([r.tokens[-1]] * min(2, r.max_draft)) for r in requests]
+
+    def finish(self, req_id):
+        pass
+
+
+def test_layer_reports_only_intervals_between_steps_over_the_same_requests():
+    times = iter([0.0, 1.0, 3.0, 6.0, 10.0, 15.0, 21.0, 28.0])
+    policy = TimedFixed()
+    assert isinstance(policy, ObservesStepTime)
+    layer = DraftingLayer(Repeat(), policy, clock=lambda: next(times))
+    ctx = {"a": [1, 2, 3], "b": [4, 5]}
+
+    def step(ids, present=()):
+        layer.step(ids, [ctx[i] for i in ids], [len(ctx[i]) for i in ids], max_draft=4, present=present)
+
+    step(["a"])                   # t=0: nothing before it
+    step(["a"])                   # t=1: reported (1 s)
+    step(["a", "b"])              # t=3: b joins (its prefill was in this interval)
+    step(["a", "b"])              # t=6: reported (3 s)
+    step(["a"], present=["b"])    # t=10: a prefill chunk in the batch, and a different batch
+    step(["a", "b"])              # t=15: after a step with a prefill chunk
+    step(["a", "b"])              # t=21: reported (6 s)
+    step(["a"])                   # t=28: the batch shrank
+    assert policy.intervals == [1.0, 3.0, 6.0]
+
+
+def test_layer_without_a_clock_keeps_no_time():
+    policy = TimedFixed()
+    layer = DraftingLayer(Repeat(), policy)
+    for _ in range(3):
+        layer.step(["a"], [[1, 2]], [2], max_draft=4)
+    assert policy.intervals == []
+
+
+def cpu_policy(**options):
+    return AdaptiveLength(profile="vllm-cpu-smollm2-135m", **options)
+
+
+def one_step(policy, n=8, width=8, seed=0):
+    """Trim n drafts of `width` tokens whose confidences fall along each draft."""
+    rng = np.random.default_rng(seed)
+    conf = np.clip(rng.uniform(0.2, 0.9, size=(n, width)) * np.linspace(1.0, 0.3, width), 0.01, 1.0)
+    ids = [f"r{i}" for i in range(n)]
+    batch = DraftBatch(ids, [[1] * 100] * n, np.full(n, 100), np.ones(n, dtype=np.int64), np.full(n, width))
+    drafts = BatchDrafts(np.ones(n * width, dtype=np.int64), np.arange(n + 1) * width, conf.ravel())
+    return policy.trim_batch(batch, drafts)
+
+
+def test_a_measured_excess_over_the_model_keeps_longer_drafts():
+    base = cpu_policy()
+    kept_model = one_step(base).sum()
+    policy = cpu_policy()
+    one_step(policy)
+    for _ in range(200):  # every step takes 40 ms more than modelled: a serving front end
+        policy.observe_step_interval(policy._modelled + 0.040)
+        one_step(policy)
+    assert policy.measured_overhead_s == pytest.approx(0.040, rel=1e-6)
+    assert one_step(policy).sum() > kept_model  # the same tokens are cheaper against a longer step
+
+
+def test_measured_overhead_off_faster_steps_and_outliers():
+    off = cpu_policy(step_overhead="model")
+    one_step(off)
+    off.observe_step_interval(10.0)
+    assert off.measured_overhead_s == 0.0
+    fast = cpu_policy()
+    for _ in range(20):  # steps faster than modelled lower no price
+        one_step(fast)
+        fast.observe_step_interval(fast._modelled * 0.5)
+    assert fast.measured_overhead_s == 0.0
+    spiky = cpu_policy()
+    one_step(spiky)
+    modelled = spiky._modelled
+    spiky.observe_step_interval(100.0)  # one 100 s pause counts as three modelled steps at most
+    assert spiky.measured_overhead_s == pytest.approx(3.0 * modelled)
+    spiky.observe_step_interval(100.0)  # no trim since: nothing to compare with
+    assert spiky.measured_overhead_s == pytest.approx(3.0 * modelled)
+
+
+def test_allocator_extra_seconds_same_on_both_walks():
+    cost = step_cost(hardware="h200", model="llama-3.1-8b")
+    rng = np.random.default_rng(3)
+    surv = np.cumprod(rng.uniform(0.3, 1.0, size=(64, 16)), axis=1)
+    lengths = np.full(64, 16)
+    ctx = rng.integers(100, 4000, size=64)
+    kept = [allocate_batch(surv, lengths, ctx, cost, extra_s=e).sum() for e in (0.0, 0.005, 0.05)]
+    assert kept[0] <= kept[1] <= kept[2] and kept[0] < kept[2]
+    for e in (0.0, 0.005):
+        assert (allocate_batch(surv, lengths, ctx, cost, extra_s=e).tolist()
+                == allocate_batch(surv, lengths, ctx, cost, extra_s=e, compiled=False).tolist())
