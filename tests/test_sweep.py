@@ -186,6 +186,33 @@ def test_summary_rows_medians_spread_and_identity():
     assert {c["config"]: c["acceptance_length"] for c in cats}["ngram K=4"] == 2.5
 
 
+def test_adaptive_against_the_best_static_k_with_paired_rounds():
+    def load(config, round_, wall):
+        reqs = [sweep.RequestResult("p", "c", ["a"], 10, 0.1, 1.0, 1, 1, 1)]
+        return sweep.LoadResult(config, round_, 1, wall, reqs, 1, 0, 1)
+
+    configs = sweep.parse_methods("suffix_tree,suffix_tree+adaptive", [4, 8], {"profile": sweep.CPU_PROFILE})
+    plan = sweep.SweepPlan("m", configs, [1], 3, 10, {})
+    # Round 2 is slow for everyone; adaptive K<=8 is 5% ahead of static K=4 in every round, K=4 beats K=8.
+    walls = {"suffix_tree K=4": [1.0, 2.0, 1.1], "suffix_tree K=8": [1.2, 2.4, 1.3],
+             "suffix_tree+adaptive K=4": [1.1, 2.2, 1.2], "suffix_tree+adaptive K=8": [1 / 1.05, 2 / 1.05, 1.1 / 1.05]}
+    loads = [load(c, r, w) for c, ws in walls.items() for r, w in enumerate(ws)]
+    (row,) = sweep.adaptive_vs_static(sweep.summarize(plan, loads))
+    assert row["adaptive"] == "suffix_tree+adaptive K=8" and row["best_static"] == "suffix_tree K=4"
+    assert row["ratio"] == pytest.approx(1.05) and row["paired"] == pytest.approx(1.05)
+    assert row["verdict"] == "at or above" and row["static"] == {"4": pytest.approx(10 / 1.1), "8": pytest.approx(10 / 1.3)}
+    # Behind by 2% but inside the other's range; far behind outside it.
+    walls["suffix_tree+adaptive K=8"] = [1.02, 2.04, 1.12]
+    loads = [load(c, r, w) for c, ws in walls.items() for r, w in enumerate(ws)]
+    (row,) = sweep.adaptive_vs_static(sweep.summarize(plan, loads))
+    assert row["verdict"] == "below, within spread" and row["paired"] == pytest.approx(1 / 1.02)
+    walls["suffix_tree+adaptive K=8"] = walls["suffix_tree+adaptive K=4"] = [3.0, 3.0, 3.0]
+    loads = [load(c, r, w) for c, ws in walls.items() for r, w in enumerate(ws)]
+    assert sweep.adaptive_vs_static(sweep.summarize(plan, loads))[0]["verdict"] == "below"
+    # A sweep without static rows of the proposer compares nothing.
+    assert sweep.adaptive_vs_static([r for r in sweep.summarize(plan, loads) if "adaptive" in r["method"]]) == []
+
+
 def test_render_redoes_the_best_configs_from_results_json(tmp_path):
     rows = rows_for([(10, 9), (30, 5)], [40, 60])
     for r, (m, k) in zip(rows, [("suffix_tree+adaptive", 8), ("none", None)]):

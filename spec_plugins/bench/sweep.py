@@ -21,7 +21,9 @@ Writes to --out: results.csv / results.json (one row per method, K and concurren
 their min-max spread), pareto.png, categories.csv (acceptance per workload category, from the concurrency-1
 runs where requests go one at a time), best_configs.json (per --tpot-ms target the best lossless row as a
 ready `--speculative-config` / `--additional-config` pair, and TensorRT-LLM YAML where the mechanism exists
-there), responses.jsonl (the no-speculation answers) and traces/ (acceptance traces of our proposers replayed
+there), adaptive.csv (each `+adaptive` method's best cap against the best static K of its proposer, per
+concurrency: medians, spreads, the median of the per-round ratios and a verdict), responses.jsonl (the
+no-speculation answers) and traces/ (acceptance traces of our proposers replayed
 on those answers: `spec-plugins plan --acceptance traces/...` reads them).
 """
 
@@ -376,11 +378,44 @@ def summarize(plan: SweepPlan, loads: list[LoadResult]) -> list[dict]:
                 "tpot_p50_ms": _pct(tpot, 0.5), "tpot_p99_ms": _pct(tpot, 0.99),
                 "identical": identical,
                 "spread": {"tokens_per_s": [min(tps), max(tps)], "tokens_per_s_per_user": [min(per_user), max(per_user)]},
+                "round_tokens_per_s": {str(l.round): t for l, t in zip(runs, tps)},
             })
     base = {r["concurrency"]: r["tokens_per_s"] for r in rows if r["method"] == "none"}
     for r in rows:
         r["speedup"] = r["tokens_per_s"] / base[r["concurrency"]] if r["concurrency"] in base else None
     return rows
+
+
+def adaptive_vs_static(rows: list[dict]) -> list[dict]:
+    """For every adaptive method and concurrency: its best cap against the best static K of the same proposer.
+
+    `ratio` compares the medians over rounds; `paired` is the median over rounds of the same round's ratio
+    (each round times every configuration in turn on the same new prompts, so a slow round of the machine
+    cancels out); `verdict` says whether the adaptive row is at or above the best static one, below it within
+    the rounds' spread (the ranges overlap), or below it outright.
+    """
+    out = []
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for r in rows:
+        if r["method"].endswith("+adaptive"):
+            groups.setdefault((r["method"], r["concurrency"]), []).append(r)
+    for (method, c), adaptive in groups.items():
+        static = [r for r in rows if r["method"] == method.removesuffix("+adaptive") and r["concurrency"] == c]
+        if not static:
+            continue
+        a = max(adaptive, key=lambda r: r["tokens_per_s"])
+        b = max(static, key=lambda r: r["tokens_per_s"])
+        ra, rb = a.get("round_tokens_per_s") or {}, b.get("round_tokens_per_s") or {}
+        both = [ra[k] / rb[k] for k in ra if k in rb and rb[k] > 0]
+        ratio = a["tokens_per_s"] / b["tokens_per_s"]
+        (a_lo, a_hi), (b_lo, b_hi) = a["spread"]["tokens_per_s"], b["spread"]["tokens_per_s"]
+        verdict = "at or above" if ratio >= 1.0 else "below, within spread" if a_hi >= b_lo else "below"
+        out.append({"method": method, "concurrency": c, "adaptive": a["config"], "tokens_per_s": a["tokens_per_s"],
+                    "spread": [a_lo, a_hi], "best_static": b["config"], "static_tokens_per_s": b["tokens_per_s"],
+                    "static_spread": [b_lo, b_hi], "ratio": ratio,
+                    "paired": statistics.median(both) if both else None, "verdict": verdict,
+                    "static": {str(r["draft_length"]): r["tokens_per_s"] for r in static}})
+    return out
 
 
 def category_acceptance(loads: list[LoadResult]) -> list[dict]:
@@ -429,7 +464,7 @@ def write_outputs(out: Path, plan: SweepPlan, loads: list[LoadResult], rows: lis
     frontier = [r["config"] + f" c={r['concurrency']}" for r in frontier_table(rows)]
     doc = {"format": FORMAT, "command": command, "model": plan.model, "workload": workload,
            "max_tokens": plan.max_tokens, "rounds": plan.rounds, "rows": rows, "frontier": frontier,
-           "categories": cats, "best": best,
+           "categories": cats, "best": best, "adaptive": adaptive_vs_static(rows),
            "policy_options": next((dict(c.policy_options) for c in plan.configs if c.adaptive), None),
            "loads": [{**{k: v for k, v in asdict(l).items() if k != "requests"},
                       "requests": [{k: v for k, v in asdict(r).items() if k != "texts"} for r in l.requests]}
@@ -449,8 +484,22 @@ def write_outputs(out: Path, plan: SweepPlan, loads: list[LoadResult], rows: lis
         for c in cats:
             w.writerow([c["config"], c["category"], c["requests"], _cell(c["acceptance_length"])])
     (out / "best_configs.json").write_text(json.dumps(best, indent=1) + "\n")
+    write_adaptive_csv(out, doc["adaptive"])
     plot_frontier(rows, out / "pareto.png", plot_title(plan.model, workload, plan.max_tokens, plan.rounds))
     return doc
+
+
+def write_adaptive_csv(out: Path, adaptive: Sequence[dict]) -> None:
+    if not adaptive:
+        return
+    with open(out / "adaptive.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["method", "concurrency", "adaptive", "tokens_per_s", "min", "max", "best_static",
+                    "static_tokens_per_s", "static_min", "static_max", "ratio", "paired_ratio", "verdict"])
+        for a in adaptive:
+            w.writerow([a["method"], a["concurrency"], a["adaptive"], _cell(a["tokens_per_s"]), *map(_cell, a["spread"]),
+                        a["best_static"], _cell(a["static_tokens_per_s"]), *map(_cell, a["static_spread"]),
+                        _cell(a["ratio"]), _cell(a["paired"]), a["verdict"]])
 
 
 def plot_title(model: str, workload: str, max_tokens: int, rounds: int) -> str:
@@ -478,7 +527,9 @@ def render(out: Path, targets: Sequence[float]) -> dict:
         configs[r["config"]] = Config(r["method"], r["draft_length"], options if adaptive else ())
     plan = SweepPlan(doc["model"], list(configs.values()), [], doc["rounds"], doc["max_tokens"], {})
     doc["best"] = best_configs(plan, doc["rows"], targets)
+    doc["adaptive"] = adaptive_vs_static(doc["rows"])
     path.write_text(json.dumps(doc, indent=1) + "\n")
+    write_adaptive_csv(out, doc["adaptive"])
     (out / "best_configs.json").write_text(json.dumps(doc["best"], indent=1) + "\n")
     plot_frontier(doc["rows"], out / "pareto.png", plot_title(doc["model"], doc["workload"], doc["max_tokens"],
                                                                 doc["rounds"]))
@@ -560,7 +611,7 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
         raise ValueError(f"--tpot-ms: expected comma-separated milliseconds, got {args.tpot_ms!r}") from None
     if args.render:
         doc = render(Path(args.out), targets)
-        print_summary(console, doc["rows"], Path(args.out), doc["best"])
+        print_summary(console, doc["rows"], Path(args.out), doc["best"], doc["adaptive"])
         return
     ks, conc = _ints(args.draft_lengths, "--draft-lengths"), _ints(args.concurrency, "--concurrency")
     model = args.model
@@ -609,7 +660,7 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
     if not args.no_traces and args.url is None:
         by_id = {p.id: p for p in prompts}
         write_traces(out, model, loads, by_id, max(ks))
-    print_summary(console, rows, out, doc["best"])
+    print_summary(console, rows, out, doc["best"], doc["adaptive"])
 
 
 def _interleave(prompts: list[Prompt], specs: Sequence[str]) -> list[Prompt]:
@@ -625,7 +676,8 @@ def _interleave(prompts: list[Prompt], specs: Sequence[str]) -> list[Prompt]:
     return out
 
 
-def print_summary(console: Any, rows: list[dict], out: Path, best: Sequence[dict] = ()) -> None:
+def print_summary(console: Any, rows: list[dict], out: Path, best: Sequence[dict] = (),
+                  adaptive: Sequence[dict] = ()) -> None:
     from rich.table import Table
 
     table = Table(title=f"sweep: medians over rounds ({out})")
@@ -639,6 +691,17 @@ def print_summary(console: Any, rows: list[dict], out: Path, best: Sequence[dict
                       "-" if r["tpot_p50_ms"] is None else f"{r['tpot_p50_ms']:.1f} ms",
                       "yes" if r["identical"] else "[red]NO[/]")
     console.print(table)
+    if adaptive:
+        t = Table(title="the adaptive policy against the best static K (tokens/s, median [min-max] over rounds)")
+        for col in ("method", "c", "adaptive", "best static", "ratio", "paired", "verdict"):
+            t.add_column(col, justify="left" if col in ("method", "verdict") else "right")
+        for a in adaptive:
+            t.add_row(a["method"], str(a["concurrency"]),
+                      f"{a['adaptive'].split(' ')[-1]}: {a['tokens_per_s']:.1f} [{a['spread'][0]:.1f}-{a['spread'][1]:.1f}]",
+                      f"{a['best_static'].split(' ')[-1]}: {a['static_tokens_per_s']:.1f} "
+                      f"[{a['static_spread'][0]:.1f}-{a['static_spread'][1]:.1f}]",
+                      f"{a['ratio']:.3f}x", "-" if a["paired"] is None else f"{a['paired']:.3f}x", a["verdict"])
+        console.print(t)
     for b in best:
         if b["config"] is None:
             console.print(f"TPOT <= {b['tpot_ms']:g} ms: no configuration meets it")
@@ -646,4 +709,5 @@ def print_summary(console: Any, rows: list[dict], out: Path, best: Sequence[dict
             console.print(f"TPOT <= {b['tpot_ms']:g} ms: [bold]{b['config']}[/] at concurrency {b['concurrency']} "
                           f"({b['tokens_per_s']:.1f} tokens/s, TPOT p50 {b['tpot_p50_ms']:.1f} ms): "
                           + " ".join(shlex.quote(a) for a in b["vllm_serve_args"]))
-    console.print(f"results.csv, results.json, pareto.png, categories.csv, best_configs.json in {out}")
+    console.print(f"results.csv, results.json, pareto.png, categories.csv, best_configs.json"
+                  f"{', adaptive.csv' if adaptive else ''} in {out}")
