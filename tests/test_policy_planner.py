@@ -231,6 +231,10 @@ def test_policy_e2e_configurations_and_bad_input(capsys):
     spec, extra = confs["suffix_tree+adaptive K<=16"]
     assert spec["num_speculative_tokens"] == 16 and extra["spec_plugins"]["policy"] == "adaptive"
     assert confs["vllm:suffix K=8"][0]["method"] == "suffix"
+    two = policy_e2e.configurations("suffix_tree", [], 16, [{"profile": "p"}, {"profile": "p", "step_overhead": "model"}],
+                                    [], [])
+    assert list(two) == ["none", "suffix_tree+adaptive K<=16", "suffix_tree+adaptive K<=16 step_overhead=model"]
+    assert two["suffix_tree+adaptive K<=16 step_overhead=model"][1]["spec_plugins"]["policy_options"]["step_overhead"] == "model"
     # Bad input fails before any engine starts, in one line.
     for argv, msg in ((["--concurrency", "0"], "--concurrency"), (["--static-k", "0"], "--static-k"),
                       (["--static-k", ""], "none is allowed only beside --native"),

@@ -29,17 +29,22 @@ from spec_plugins.demo import NATIVE_METHODS, native_config
 FORMAT = "spec-plugins-policy-e2e/1"
 
 
-def configurations(proposer: str, static_k: list[int], adaptive_k: int, policy_options: dict,
+def configurations(proposer: str, static_k: list[int], adaptive_k: int, policy_options: dict | list[dict],
                    natives: list[str], native_k: list[int]) -> dict[str, tuple[dict | None, dict | None]]:
-    """name -> (speculative_config, additional_config)."""
+    """name -> (speculative_config, additional_config). Several policy options: one adaptive engine each, the
+    later ones named by the options they add to or change from the first."""
     model = "spec_plugins.vllm.SpecPluginsProposer"
     out: dict[str, tuple[dict | None, dict | None]] = {"none": (None, None)}
     for k in static_k:
         out[f"{proposer} K={k}"] = ({"method": "custom_class", "model": model, "num_speculative_tokens": k},
                                     {"spec_plugins": {"proposer": proposer}})
-    out[f"{proposer}+adaptive K<={adaptive_k}"] = (
-        {"method": "custom_class", "model": model, "num_speculative_tokens": adaptive_k},
-        {"spec_plugins": {"proposer": proposer, "policy": "adaptive", "policy_options": policy_options}})
+    variants = [policy_options] if isinstance(policy_options, dict) else policy_options
+    for options in variants:
+        changed = {k: v for k, v in options.items() if variants[0].get(k, object()) != v}
+        suffix = "".join(f" {k}={v}" for k, v in changed.items())
+        out[f"{proposer}+adaptive K<={adaptive_k}{suffix}"] = (
+            {"method": "custom_class", "model": model, "num_speculative_tokens": adaptive_k},
+            {"spec_plugins": {"proposer": proposer, "policy": "adaptive", "policy_options": options}})
     for native in natives:
         for k in native_k:
             out[f"vllm:{native} K={k}"] = (native_config(native, k), None)
@@ -60,7 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--static-k", default="2,4,8,16", help="static draft lengths of the proposer (comma-separated; "
                                                           "may be empty beside --native)")
     ap.add_argument("--adaptive-k", type=int, default=16)
-    ap.add_argument("--policy-options", default='{"profile": "vllm-cpu-smollm2-135m"}')
+    ap.add_argument("--policy-options", action="append",
+                    help='JSON options of the adaptive policy (default {"profile": "vllm-cpu-smollm2-135m"}); '
+                         'repeat for one adaptive engine per set')
     ap.add_argument("--native", default="", help="also vLLM's own methods (comma-separated: ngram, suffix), each "
                                                  "at every --native-k")
     ap.add_argument("--native-k", default="8", help="draft lengths of the native methods (comma-separated)")
@@ -94,11 +101,12 @@ def main(argv: list[str] | None = None) -> int:
         native_k = [int(k) for k in args.native_k.split(",") if k.strip()]
         if natives and (not native_k or min(native_k) < 1):
             raise ValueError(f"--native-k: expected integers >= 1, got {args.native_k!r}")
-        policy_options = json.loads(args.policy_options)
+        policy_options = [json.loads(o) for o in args.policy_options or ['{"profile": "vllm-cpu-smollm2-135m"}']]
         from spec_plugins.registry import create_policy, proposer_class
 
         proposer_class(args.proposer)
-        create_policy("adaptive", policy_options)
+        for options in policy_options:
+            create_policy("adaptive", options)
         from spec_plugins.bench.prompts import demo_prompts, workload_prompts
 
         # Several workloads are interleaved, so every concurrency level sees a mix of them.
