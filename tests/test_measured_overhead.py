@@ -8,7 +8,7 @@ import pytest
 
 from spec_plugins.core import BatchDrafts, DraftBatch, FixedLength, ObservesStepTime
 from spec_plugins.drafting import DraftingLayer
-from spec_plugins.policy.adaptive import AdaptiveLength
+from spec_plugins.policy.adaptive import AdaptiveLength, StepTimeFit
 from spec_plugins.policy.allocator import allocate_batch
 from spec_plugins.policy.cost import step_cost
 
@@ -64,7 +64,7 @@ def test_layer_without_a_clock_keeps_no_time():
 
 
 def cpu_policy(**options):
-    return AdaptiveLength(profile="vllm-cpu-smollm2-135m", **options)
+    return AdaptiveLength(profile="vllm-cpu-smollm2-135m", **{"step_overhead": "measured", **options})
 
 
 def one_step(policy, n=8, width=8, seed=0):
@@ -77,35 +77,50 @@ def one_step(policy, n=8, width=8, seed=0):
     return policy.trim_batch(batch, drafts)
 
 
-def test_a_measured_excess_over_the_model_keeps_longer_drafts():
+def test_a_measured_offset_over_the_model_keeps_longer_drafts():
     base = cpu_policy()
     kept_model = one_step(base).sum()
     policy = cpu_policy()
-    one_step(policy)
-    for _ in range(200):  # every step takes 40 ms more than modelled: a serving front end
+    one_step(policy, seed=0)
+    for i in range(200):  # every step takes 40 ms more than modelled: a serving front end
         policy.observe_step_interval(policy._modelled + 0.040)
-        one_step(policy)
-    assert policy.measured_overhead_s == pytest.approx(0.040, rel=1e-6)
+        one_step(policy, seed=i + 1)
+    assert policy.measured_overhead_s == pytest.approx(0.040, rel=0.02)
     assert one_step(policy).sum() > kept_model  # the same tokens are cheaper against a longer step
 
 
-def test_measured_overhead_off_faster_steps_and_outliers():
+def test_step_fit_tells_an_offset_from_a_slower_machine():
+    rng = np.random.default_rng(1)
+    slow, front, flat = StepTimeFit(0.95), StepTimeFit(0.95), StepTimeFit(0.95)
+    for _ in range(300):
+        m = rng.uniform(0.10, 0.20)          # modelled steps that vary with the drafts kept
+        slow.add(m, 3.0 * m * rng.uniform(0.97, 1.03))  # a machine 3x slower than its profile: no offset
+        front.add(m, m + 0.040)              # 40 ms a step beyond the model
+        mc = rng.uniform(0.0210, 0.0215)     # modelled steps that hardly vary: the slope stays near 1
+        flat.add(mc, mc + 0.035 + rng.normal(0.0, 0.002))
+    assert slow.slope() == pytest.approx(3.0, rel=0.05) and slow.offset() < 0.01
+    assert front.slope() == pytest.approx(1.0, abs=1e-6) and front.offset() == pytest.approx(0.040, rel=1e-6)
+    assert flat.offset() == pytest.approx(0.035, rel=0.1)
+    fast = StepTimeFit(0.95)
+    for m in np.linspace(0.1, 0.2, 50):  # faster than modelled: no negative price
+        fast.add(m, 0.5 * m - 0.01)
+    assert fast.offset() == 0.0
+    assert StepTimeFit(0.95).offset() == 0.0
+
+
+def test_measured_overhead_off_and_outliers():
+    assert AdaptiveLength.Options().step_overhead == "model"  # off unless asked for
     off = cpu_policy(step_overhead="model")
     one_step(off)
     off.observe_step_interval(10.0)
     assert off.measured_overhead_s == 0.0
-    fast = cpu_policy()
-    for _ in range(20):  # steps faster than modelled lower no price
-        one_step(fast)
-        fast.observe_step_interval(fast._modelled * 0.5)
-    assert fast.measured_overhead_s == 0.0
     spiky = cpu_policy()
     one_step(spiky)
     modelled = spiky._modelled
-    spiky.observe_step_interval(100.0)  # one 100 s pause counts as three modelled steps at most
-    assert spiky.measured_overhead_s == pytest.approx(3.0 * modelled)
+    spiky.observe_step_interval(100.0)  # one 100 s pause counts as four modelled steps at most
+    assert spiky.step_fit.y == pytest.approx(4.0 * modelled)
     spiky.observe_step_interval(100.0)  # no trim since: nothing to compare with
-    assert spiky.measured_overhead_s == pytest.approx(3.0 * modelled)
+    assert spiky.step_fit.w == 1.0
 
 
 def test_allocator_extra_seconds_same_on_both_walks():

@@ -12,9 +12,11 @@ from survival estimates (`acceptance.py`):
   what verification accepted;
 * drafts without: each request's own acceptance history per position, shrunk to the pooled history.
 
-A request whose draft is empty costs nothing extra. Where the engine reports its measured step intervals
-(`observe_step_interval`), each step also pays their excess over the cost model: a profile measured in
-one setting (an engine in-process, a bare forward) and served in another (behind `vllm serve`, with a
+A request whose draft is empty costs nothing extra. With `step_overhead: measured`, where the engine
+reports its measured step intervals (`observe_step_interval`), each step also pays the time they show beyond
+the cost model (`StepTimeFit`:
+an offset, told apart from a machine that is uniformly slower than its profile): a profile measured in one
+setting (an engine in-process, a bare forward) and served in another (behind `vllm serve`, with a
 scheduler, sampler and front end per step) would otherwise price tokens too dear against the real step. Drafts sampled from a draft distribution
 (`Draft.probs` set) are trimmed with the non-anticipating greedy search, deterministic drafts with the
 global one (see allocator.py). For sampled drafts a proposer's confidence at position j may depend on the
@@ -62,9 +64,10 @@ class AdaptiveLength:
         rate_decay: float = pydantic.Field(default=0.98, gt=0.0, lt=1.0)
         request_correction: float = pydantic.Field(default=8.0, ge=0.0)  # pseudo-trials; 0 = off
         max_draft_tokens_per_step: int | None = pydantic.Field(default=None, ge=0)  # over the whole batch
-        # "measured": every step also pays what the engine's measured steps took beyond the cost model (where
-        # the engine reports step intervals; see observe_step_interval). "model": the cost model alone.
-        step_overhead: Literal["measured", "model"] = "measured"
+        # "measured": every step also pays the time the engine's measured steps show beyond the cost model
+        # (where the engine reports step intervals; StepTimeFit). "model": the cost model alone. Off by
+        # default until a live engine shows it helping (benchmarks/RESULTS.md, "measured step overhead").
+        step_overhead: Literal["measured", "model"] = "model"
         overhead_decay: float = pydantic.Field(default=0.95, gt=0.0, lt=1.0)
 
         # Names are resolved here, so a bad one is reported under its field (policy_options.hardware: ...)
@@ -99,9 +102,9 @@ class AdaptiveLength:
         self.history = HistoryEstimator(p, decay=opts.history_decay, slots=self.requests)
         self.calibrator = ConfidenceCalibrator()
         self._tau = self._time = 0.0  # decayed sums of expected tokens and modelled seconds per step
-        # The measured steps' excess over the model: decayed sums of (interval - modelled step) and of weights;
-        # _modelled is the last trimmed step's modelled time (None: no step to compare the next interval with).
-        self._excess_sum = self._excess_weight = 0.0
+        # The engine's measured steps against the modelled ones; _modelled is the last trimmed step's modelled
+        # time (None: no step to compare the next interval with).
+        self.step_fit = StepTimeFit(opts.overhead_decay)
         self._modelled: float | None = None
         self._curves_of: StepCost | None = None  # the cost model `_curves` reads (allocator.curve_source)
         self._curves = None
@@ -169,23 +172,16 @@ class AdaptiveLength:
 
     @property
     def measured_overhead_s(self) -> float:
-        """Seconds per step the engine's measured steps took beyond the cost model (0 until measured, or
-        with `step_overhead: model`); never negative: a step faster than modelled lowers no token's price."""
-        if self._excess_weight == 0.0:
-            return 0.0
-        return max(self._excess_sum / self._excess_weight, 0.0)
+        """Seconds (in the cost model's time) every step pays beyond the model, fitted on the engine's measured
+        steps (StepTimeFit); 0 until measured, or with `step_overhead: model`."""
+        return self.step_fit.offset()
 
     def observe_step_interval(self, seconds: float) -> None:
         """The engine's whole step that verified the last trimmed drafts took `seconds` (core.ObservesStepTime)."""
         modelled, self._modelled = self._modelled, None  # each trimmed step is compared once
-        if self.options.step_overhead != "measured" or modelled is None or not seconds > 0.0:
+        if self.options.step_overhead != "measured" or modelled is None or not seconds > 0.0 or not modelled > 0.0:
             return
-        # One interval can hold a pause (a collection, a preemption, an idle front end): bounded at three
-        # modelled steps, so such an outlier moves the estimate a little, a steady excess fully.
-        excess = min(seconds - modelled, 3.0 * modelled)
-        d = self.options.overhead_decay
-        self._excess_sum = d * self._excess_sum + excess
-        self._excess_weight = d * self._excess_weight + 1.0
+        self.step_fit.add(modelled, seconds)
 
     def _trim_compiled(self, slots: np.ndarray, drafts: BatchDrafts, search: str, context: np.ndarray,
                        curves: tuple, extra: float) -> tuple:
@@ -312,6 +308,46 @@ class AdaptiveLength:
         if self.options.objective == "per_step" or self._time <= 0.0:
             return None
         return self._tau / self._time
+
+
+class StepTimeFit:
+    """Measured step times against the modelled ones, as measured = b * (modelled + c).
+
+    b is a machine uniformly slower or faster than its profile (contention, another clock): it changes no
+    choice, the policy maximises a ratio of times. c is time every step pays that the model leaves out (a
+    serving front end, the scheduler, sampling) and makes tokens cheaper against the step: `offset()`
+    returns it, never below 0. Decayed least squares, with the slope shrunk toward 1 where the modelled
+    times vary too little (relative spread under `shrink`) to tell a slope from an offset. A measured
+    interval is bounded at four modelled steps, so one pause (a collection, a preemption) moves the fit
+    a little and a steady excess fully.
+    """
+
+    def __init__(self, decay: float, shrink: float = 0.05, min_slope: float = 0.25) -> None:
+        self.decay, self.shrink, self.min_slope = decay, shrink, min_slope
+        self.w = self.m = self.y = self.mm = self.my = 0.0  # decayed sums: weight, x, y, x^2, x*y
+
+    def add(self, modelled: float, measured: float) -> None:
+        y = min(measured, 4.0 * modelled)
+        d = self.decay
+        self.w = d * self.w + 1.0
+        self.m = d * self.m + modelled
+        self.y = d * self.y + y
+        self.mm = d * self.mm + modelled * modelled
+        self.my = d * self.my + modelled * y
+
+    def slope(self) -> float:
+        if self.w == 0.0:
+            return 1.0
+        m_bar, y_bar = self.m / self.w, self.y / self.w
+        sxx = max(self.mm - self.w * m_bar * m_bar, 0.0)
+        sxy = self.my - self.w * m_bar * y_bar
+        prior = self.w * (self.shrink * m_bar) ** 2  # ridge toward slope 1
+        return max((sxy + prior) / (sxx + prior), self.min_slope) if sxx + prior > 0.0 else 1.0
+
+    def offset(self) -> float:
+        if self.w == 0.0:
+            return 0.0
+        return max(self.y / self.w / self.slope() - self.m / self.w, 0.0)
 
 
 def _dense(flat: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, width: int) -> np.ndarray:
