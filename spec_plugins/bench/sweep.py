@@ -692,7 +692,7 @@ def print_summary(console: Any, rows: list[dict], out: Path, best: Sequence[dict
                       "yes" if r["identical"] else "[red]NO[/]")
     console.print(table)
     if adaptive:
-        t = Table(title="the adaptive policy against the best static K (tokens/s, median [min-max] over rounds)")
+        t = Table(title="the adaptive policy against the best static K (tokens/s, median \\[min-max] over rounds)")
         for col in ("method", "c", "adaptive", "best static", "ratio", "paired", "verdict"):
             t.add_column(col, justify="left" if col in ("method", "verdict") else "right")
         for a in adaptive:
