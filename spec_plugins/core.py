@@ -236,7 +236,8 @@ class TapsTarget(Protocol):
 
 @runtime_checkable
 class HasStats(Protocol):
-    """A proposer that reports its state's size (cached requests, nodes, bytes) for traces and soaks."""
+    """A proposer or policy that reports its state for traces and soaks (a proposer: cached requests, nodes,
+    bytes; the adaptive policy: its fitted step overhead)."""
 
     def stats(self) -> dict[str, Any]: ...
 

@@ -100,6 +100,9 @@ class DraftingLayer:
     def stats(self) -> dict[str, Any] | None:
         return self.proposer.stats() if isinstance(self.proposer, HasStats) else None
 
+    def policy_stats(self) -> dict[str, Any] | None:
+        return self.policy.stats() if isinstance(self.policy, HasStats) else None
+
     @property
     def num_tracked(self) -> int:
         """Requests whose per-request state is held (handed to the proposer, not finished yet)."""

@@ -86,6 +86,8 @@ def test_a_measured_offset_over_the_model_keeps_longer_drafts():
         policy.observe_step_interval(policy._modelled + 0.040)
         one_step(policy, seed=i + 1)
     assert policy.measured_overhead_s == pytest.approx(0.040, rel=0.02)
+    stats = DraftingLayer(Repeat(), policy).policy_stats()  # what the vLLM adapter's trace lines carry
+    assert stats["step_offset_ms"] == pytest.approx(40.0, rel=0.02) and stats["step_fits"] > 19
     assert one_step(policy).sum() > kept_model  # the same tokens are cheaper against a longer step
 
 

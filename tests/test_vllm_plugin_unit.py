@@ -224,6 +224,27 @@ def test_trace_file_records_rows_and_finishes(monkeypatch, tmp_path):
         {"finish": "a", "why": "finished"}]
 
 
+def test_trace_carries_the_adaptive_policys_step_fit(monkeypatch, tmp_path):
+    import json
+
+    trace = tmp_path / "trace.jsonl"
+    monkeypatch.setenv("SPEC_PLUGINS_TRACE_FILE", str(trace))
+    monkeypatch.setattr(SpecPluginsProposer, "trace_stats_every", 2)
+    cfg = vllm_config()
+    cfg.model_config.hf_config = SimpleNamespace(to_dict=dict)  # the profile costs the steps; the model is unused
+    cfg.additional_config = {"spec_plugins": {"proposer": "suffix_tree", "policy": "adaptive", "policy_options": {
+        "profile": "vllm-cpu-smollm2-135m", "step_overhead": "measured"}}}
+    prop = SpecPluginsProposer(cfg)
+    prop.row_req_ids = ["a"]
+    tokens = np.array([[1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3]])
+    for n in (6, 7, 8, 9):  # one sampled token a step, the same request: intervals the policy fits
+        prop.propose([[int(tokens[0, n - 1])]], np.array([n]), tokens)
+    steps = [json.loads(line) for line in trace.read_text().splitlines() if '"step"' in line]
+    assert "policy_stats" not in steps[0] and steps[1]["policy_stats"]["step_fits"] >= 1
+    assert steps[3]["policy_stats"]["step_fits"] == pytest.approx(1 + 0.95 + 0.95 ** 2)
+    assert steps[3]["policy_stats"]["step_offset_ms"] >= 0.0
+
+
 def test_register_imports_neither_numba_nor_torch_nor_vllm():
     code = ("import sys; from spec_plugins.vllm import plugin; plugin.register(); "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('numba', 'llvmlite', 'vllm', 'torch')]; "

@@ -176,6 +176,13 @@ class AdaptiveLength:
         steps (StepTimeFit); 0 until measured, or with `step_overhead: model`."""
         return self.step_fit.offset()
 
+    def stats(self) -> dict[str, float]:
+        """What the policy believes of the engine's steps (core.HasStats; the vLLM adapter's trace): the fitted
+        slope and offset of measured against modelled steps, and the long-run tokens per modelled second."""
+        rate = self._rate()
+        return {"step_fits": self.step_fit.w, "step_slope": self.step_fit.slope(),
+                "step_offset_ms": self.step_fit.offset() * 1e3, "tokens_per_s": 0.0 if rate is None else rate}
+
     def observe_step_interval(self, seconds: float) -> None:
         """The engine's whole step that verified the last trimmed drafts took `seconds` (core.ObservesStepTime)."""
         modelled, self._modelled = self._modelled, None  # each trimmed step is compared once

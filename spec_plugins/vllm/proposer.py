@@ -22,7 +22,8 @@ without it rows stand for requests ("row-3"). Either way per-request state is bo
 `SPEC_PLUGINS_TRACE_FILE=PATH` appends one JSON line per step (`{"pid", "step", "rows", "tracked", "drafted",
 "t", "us"}`: `drafted` the draft lengths of the rows that drafted, `t` when the step's drafting began, `us` the
 host time it took;
-every `trace_stats_every` steps also `"stats"`: the proposer's `stats()`, if it has one) and per freed
+every `trace_stats_every` steps also `"stats"` and `"policy_stats"`: the proposer's and the policy's `stats()`,
+where they have one) and per freed
 request (`{"pid", "finish", "why"}`) to PATH, after one `{"pid", "start", "policy", "k"}` line per engine; the integration tests and benchmarks/soak.py read it.
 
 This module must not import numba/llvmlite (it breaks vLLM's CPU engine start) nor vLLM itself.
@@ -185,6 +186,9 @@ class SpecPluginsProposer(RequestIdAware):
             stats = self.drafting.stats()
             if stats is not None:
                 event["stats"] = stats  # e.g. the suffix tree's cached requests, nodes, bytes
+            stats = self.drafting.policy_stats()
+            if stats is not None:
+                event["policy_stats"] = stats  # e.g. the adaptive policy's fitted step overhead
         self._write(event)
 
     def _traced_finish(self, req_id: Any, why: str) -> None:
