@@ -66,7 +66,8 @@ class AdaptiveLength:
         max_draft_tokens_per_step: int | None = pydantic.Field(default=None, ge=0)  # over the whole batch
         # "measured": every step also pays the time the engine's measured steps show beyond the cost model
         # (where the engine reports step intervals; StepTimeFit). "model": the cost model alone. Off by
-        # default until a live engine shows it helping (benchmarks/RESULTS.md, "measured step overhead").
+        # default: measured under `vllm serve` only so far (benchmarks/RESULTS.md, "The policy charging the
+        # served engine's measured step overhead"; an in-process A/B of an earlier, unfitted form lost).
         step_overhead: Literal["measured", "model"] = "model"
         overhead_decay: float = pydantic.Field(default=0.95, gt=0.0, lt=1.0)
 
