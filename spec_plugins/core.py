@@ -296,7 +296,10 @@ class BatchPolicy(Protocol):
 class ObservesStepTime(Protocol):
     """A policy that learns from the engine's measured step time. A drafting layer given a clock reports
     the seconds between the starts of two consecutive steps over the same requests: the engine's whole
-    step as its drafter sees it (verification, sampling, scheduling, the serving front end, drafting)."""
+    step as its drafter sees it (verification, sampling, scheduling, the serving front end, drafting).
+    `observes_step_time` False (an option left off): the layer keeps no time for it."""
+
+    observes_step_time: bool
 
     def observe_step_interval(self, seconds: float) -> None: ...
 

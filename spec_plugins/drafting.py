@@ -83,7 +83,8 @@ class DraftingLayer:
     def policy(self, policy: DraftLengthPolicy) -> None:
         self._policy = policy
         self._batch_policy = isinstance(policy, BatchPolicy)
-        self._times_steps = self.clock is not None and isinstance(policy, ObservesStepTime)
+        self._times_steps = (self.clock is not None and isinstance(policy, ObservesStepTime)
+                             and policy.observes_step_time)
 
     # ---- what adapters hand through -------------------------------------------------------------
 

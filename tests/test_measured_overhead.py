@@ -14,8 +14,9 @@ from spec_plugins.policy.cost import step_cost
 
 
 class TimedFixed(FixedLength):
-    def __init__(self) -> None:
+    def __init__(self, observes: bool = True) -> None:
         super().__init__()
+        self.observes_step_time = observes
         self.intervals: list[float] = []
 
     def observe_step_interval(self, seconds: float) -> None:
@@ -61,6 +62,13 @@ def test_layer_without_a_clock_keeps_no_time():
     for _ in range(3):
         layer.step(["a"], [[1, 2]], [2], max_draft=4)
     assert policy.intervals == []
+    # A policy whose option is off: the layer does not even read the clock.
+    off = TimedFixed(observes=False)
+    layer = DraftingLayer(Repeat(), off, clock=lambda: pytest.fail("clock read for a policy that keeps no time"))
+    for _ in range(3):
+        layer.step(["a"], [[1, 2]], [2], max_draft=4)
+    assert off.intervals == []
+    assert not DraftingLayer(Repeat(), cpu_policy(step_overhead="model"), clock=lambda: 0.0)._times_steps
 
 
 def cpu_policy(**options):

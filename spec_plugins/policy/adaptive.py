@@ -14,10 +14,12 @@ from survival estimates (`acceptance.py`):
 
 A request whose draft is empty costs nothing extra. With `step_overhead: measured`, where the engine
 reports its measured step intervals (`observe_step_interval`), each step also pays the time they show beyond
-the cost model (`StepTimeFit`:
-an offset, told apart from a machine that is uniformly slower than its profile): a profile measured in one
-setting (an engine in-process, a bare forward) and served in another (behind `vllm serve`, with a
-scheduler, sampler and front end per step) would otherwise price tokens too dear against the real step. Drafts sampled from a draft distribution
+the cost model (`StepTimeFit`: an offset, told apart from a machine uniformly slower than its profile): a
+profile measured in one setting (an engine in-process, a bare forward) and served in another (behind `vllm
+serve`, with a scheduler, sampler and front end per step) would otherwise price tokens too dear against the
+real step.
+
+Drafts sampled from a draft distribution
 (`Draft.probs` set) are trimmed with the non-anticipating greedy search, deterministic drafts with the
 global one (see allocator.py). For sampled drafts a proposer's confidence at position j may depend on the
 tokens before j but never on token j itself (DSpark's head sees x_{j-1}, not x_j): keeping a sampled
@@ -106,6 +108,7 @@ class AdaptiveLength:
         # The engine's measured steps against the modelled ones; _modelled is the last trimmed step's modelled
         # time (None: no step to compare the next interval with).
         self.step_fit = StepTimeFit(opts.overhead_decay)
+        self.observes_step_time = opts.step_overhead == "measured"  # core.ObservesStepTime
         self._modelled: float | None = None
         self._curves_of: StepCost | None = None  # the cost model `_curves` reads (allocator.curve_source)
         self._curves = None
@@ -187,7 +190,7 @@ class AdaptiveLength:
     def observe_step_interval(self, seconds: float) -> None:
         """The engine's whole step that verified the last trimmed drafts took `seconds` (core.ObservesStepTime)."""
         modelled, self._modelled = self._modelled, None  # each trimmed step is compared once
-        if self.options.step_overhead != "measured" or modelled is None or not seconds > 0.0 or not modelled > 0.0:
+        if not self.observes_step_time or modelled is None or not seconds > 0.0 or not modelled > 0.0:
             return
         self.step_fit.add(modelled, seconds)
 
