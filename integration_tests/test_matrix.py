@@ -63,6 +63,8 @@ BASELINE_SEED = 1_000_000  # no-speculation continuations use seeds from here: i
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
 ADAPTIVE = {"policy": "adaptive", "policy_options": {"hardware": "h200"}}
+# The same policy also charging the engine's measured step overhead (its lengths then follow real step times).
+ADAPTIVE_MEASURED = {"policy": "adaptive", "policy_options": {"hardware": "h200", "step_overhead": "measured"}}
 
 
 def ours(proposer: str, policy: dict | None = None) -> tuple[dict, dict]:
@@ -75,6 +77,7 @@ CONFIGS = {  # name -> (speculative_config, additional_config); "dflash:" / "dsp
     "ngram+adaptive": ours("ngram", ADAPTIVE),
     "suffix_tree": ours("suffix_tree"),
     "suffix_tree+adaptive": ours("suffix_tree", ADAPTIVE),
+    "suffix_tree+adaptive-measured": ours("suffix_tree", ADAPTIVE_MEASURED),
     "dflash": ("dflash:", None),
     "dspark": ("dspark:", None),
     "dspark+adaptive": ("dspark:", {"spec_plugins": ADAPTIVE}),
@@ -90,7 +93,7 @@ ARCHS = ("llama", "qwen3")
 # n-gram as the control; the served entry for one configuration.
 FAST = {
     ("ngram", "llama", "llm"), ("suffix_tree+adaptive", "llama", "llm"), ("vllm-ngram", "llama", "llm"),
-    ("suffix_tree", "llama", "serve"),
+    ("suffix_tree", "llama", "serve"), ("suffix_tree+adaptive-measured", "llama", "llm"),
 }
 
 
