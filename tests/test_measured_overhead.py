@@ -118,6 +118,33 @@ def test_step_fit_tells_an_offset_from_a_slower_machine():
     assert StepTimeFit(0.95).offset() == 0.0
 
 
+def test_dearer_tokens_read_as_a_negative_offset_only_where_the_slope_is_measured():
+    rng = np.random.default_rng(2)
+    dear, fast_flat = StepTimeFit(0.95), StepTimeFit(0.95)
+    for _ in range(300):
+        m = rng.uniform(0.10, 0.20)
+        dear.add(m, 1.5 * (m - 0.03))        # tokens dearer against the base step than modelled
+        mc = rng.uniform(0.0210, 0.0215)
+        fast_flat.add(mc, 0.5 * mc)          # faster than modelled, steps too alike to tell slope from offset
+    assert dear.slope() == pytest.approx(1.5, rel=0.03)  # the ridge pulls it a little toward 1
+    assert dear.offset() == 0.0 and dear.offset(lowest=-np.inf) == pytest.approx(-0.03, rel=0.15)
+    assert dear.offset(lowest=-0.01) == -0.01
+    assert fast_flat.offset(lowest=-np.inf) == 0.0
+
+
+def test_a_negative_offset_keeps_shorter_drafts_bounded_by_the_base_step():
+    kept_model = one_step(cpu_policy(), n=32).sum()
+    policy = cpu_policy()
+    base = policy.cost.step_time(np.zeros(32, np.int64), np.full(32, 100))
+    for m in np.random.default_rng(4).uniform(base, base + 0.06, size=200):
+        policy.step_fit.add(m, base + 2.0 * (m - base))  # verified tokens cost twice their modelled time
+    assert -0.6 * base < policy.measured_overhead_s < -0.4 * base
+    assert one_step(policy, n=32).sum() < kept_model
+    bounded = cpu_policy(max_offset_cut=0.0)  # the same fit, never below 0
+    bounded.step_fit = policy.step_fit
+    assert one_step(bounded, n=32).sum() == kept_model
+
+
 def test_measured_overhead_off_and_outliers():
     assert AdaptiveLength.Options().step_overhead == "model"  # off unless asked for
     off = cpu_policy(step_overhead="model")

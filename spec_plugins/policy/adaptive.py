@@ -72,6 +72,9 @@ class AdaptiveLength:
         # served engine's measured step overhead"; an in-process A/B of an earlier, unfitted form lost).
         step_overhead: Literal["measured", "model"] = "model"
         overhead_decay: float = pydantic.Field(default=0.95, gt=0.0, lt=1.0)
+        # A negative fitted offset (verified tokens dearer than the profile says) takes at most this fraction
+        # of the step's modelled base time (no drafts) off the sunk time; 0: the offset never goes below 0.
+        max_offset_cut: float = pydantic.Field(default=0.5, ge=0.0, lt=1.0)
 
         # Names are resolved here, so a bad one is reported under its field (policy_options.hardware: ...)
         # when the engine starts, not when the first step costs a draft. The resolvers' own messages name
@@ -157,7 +160,9 @@ class AdaptiveLength:
         if self._curves_of is not self.cost:  # resolved once per cost model
             self._curves_of, self._curves = self.cost, curve_source(self.cost)
         curves = None if self._curves is None else self._curves(n, n + int(drafted.sum()) + 1, context)
-        extra = self.measured_overhead_s
+        extra = self.step_fit.offset(lowest=-np.inf)
+        if extra < 0.0:
+            extra = max(extra, -self.options.max_offset_cut * self.cost.step_time(np.zeros(n, np.int64), context))
         if curves is not None:  # survival, walk and bookkeeping in one compiled call (policy/_walk.cpp)
             lengths, tau, linear, attention = self._trim_compiled(slots, drafts, search, context, curves, extra)
         else:
@@ -177,15 +182,16 @@ class AdaptiveLength:
     @property
     def measured_overhead_s(self) -> float:
         """Seconds (in the cost model's time) every step pays beyond the model, fitted on the engine's measured
-        steps (StepTimeFit); 0 until measured, or with `step_overhead: model`."""
-        return self.step_fit.offset()
+        steps (StepTimeFit); 0 until measured, or with `step_overhead: model`. Negative where verified tokens
+        are dearer against the base step than modelled (`trim_batch` bounds it by `max_offset_cut`)."""
+        return self.step_fit.offset(lowest=-np.inf)
 
     def stats(self) -> dict[str, float]:
         """What the policy believes of the engine's steps (core.HasStats; the vLLM adapter's trace): the fitted
         slope and offset of measured against modelled steps, and the long-run tokens per modelled second."""
         rate = self._rate()
         return {"step_fits": self.step_fit.w, "step_slope": self.step_fit.slope(),
-                "step_offset_ms": self.step_fit.offset() * 1e3, "tokens_per_s": 0.0 if rate is None else rate}
+                "step_offset_ms": self.measured_overhead_s * 1e3, "tokens_per_s": 0.0 if rate is None else rate}
 
     def observe_step_interval(self, seconds: float) -> None:
         """The engine's whole step that verified the last trimmed drafts took `seconds` (core.ObservesStepTime)."""
@@ -325,9 +331,11 @@ class StepTimeFit:
     """Measured step times against the modelled ones, as measured = b * (modelled + c).
 
     b is a machine uniformly slower or faster than its profile (contention, another clock): it changes no
-    choice, the policy maximises a ratio of times. c is time every step pays that the model leaves out (a
-    serving front end, the scheduler, sampling) and makes tokens cheaper against the step: `offset()`
-    returns it, never below 0. Decayed least squares, with the slope shrunk toward 1 where the modelled
+    choice, the policy maximises a ratio of times. c > 0 is time every step pays that the model leaves out
+    (a serving front end, the scheduler, sampling) and makes tokens cheaper against the step; c < 0 is
+    verified tokens dearer against the base step than the profile says (a compute-bound engine slowed by
+    what it verifies), and makes them dearer. `offset(lowest)` returns c, never below `lowest` (the policy
+    passes a fraction of the base step, so a modelled step stays positive). Decayed least squares, with the slope shrunk toward 1 where the modelled
     times vary too little (relative spread under `shrink`) to tell a slope from an offset. A measured
     interval is bounded at four modelled steps, so one pause (a collection, a preemption) moves the fit
     a little and a steady excess fully.
@@ -346,19 +354,27 @@ class StepTimeFit:
         self.mm = d * self.mm + modelled * modelled
         self.my = d * self.my + modelled * y
 
+    def _moments(self) -> tuple[float, float, float]:
+        m_bar, y_bar = self.m / self.w, self.y / self.w
+        sxx = max(self.mm - self.w * m_bar * m_bar, 0.0)
+        return sxx, self.my - self.w * m_bar * y_bar, self.w * (self.shrink * m_bar) ** 2  # prior: ridge to 1
+
     def slope(self) -> float:
         if self.w == 0.0:
             return 1.0
-        m_bar, y_bar = self.m / self.w, self.y / self.w
-        sxx = max(self.mm - self.w * m_bar * m_bar, 0.0)
-        sxy = self.my - self.w * m_bar * y_bar
-        prior = self.w * (self.shrink * m_bar) ** 2  # ridge toward slope 1
+        sxx, sxy, prior = self._moments()
         return max((sxy + prior) / (sxx + prior), self.min_slope) if sxx + prior > 0.0 else 1.0
 
-    def offset(self) -> float:
+    def offset(self, lowest: float = 0.0) -> float:
         if self.w == 0.0:
             return 0.0
-        return max(self.y / self.w / self.slope() - self.m / self.w, 0.0)
+        c = self.y / self.w / self.slope() - self.m / self.w
+        if c < 0.0:
+            # Below 0 only where the data, not the prior, set the slope: over steps that hardly vary, a
+            # machine faster than its profile would otherwise read as dearer tokens.
+            sxx, _, prior = self._moments()
+            lowest = lowest if sxx > prior else 0.0
+        return max(c, lowest)
 
 
 def _dense(flat: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, width: int) -> np.ndarray:
