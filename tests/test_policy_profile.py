@@ -204,7 +204,7 @@ def spec_plugins(*args: str) -> subprocess.CompletedProcess:
         (["--batch-sizes", "0,4"], "--batch-sizes: expected comma-separated integers >= 1, got '0,4'"),
         (["--draft-lens", "0,-3"], "--draft-lens: expected comma-separated integers >= 0, got '0,-3'"),
         (["--steps", "0"], "--steps: expected an integer >= 1, got 0"),
-        (["--context-len", "-1"], "--context-len: expected an integer >= 1, got -1"),
+        (["--context-len", "-1"], "--context-len: expected comma-separated integers >= 1, got '-1'"),
         (["--dtype", "int8"], "--dtype: expected one of float32, bfloat16, float16, auto, got 'int8'"),
         (["--model", "/no/such/model"],
          "--model: expected a model folder with config.json or 'smollm2', got '/no/such/model'"),
@@ -261,3 +261,90 @@ def test_equal_tokens_cost_what_their_batch_measured():
     assert cost.step_time([3], [256]) == pytest.approx(25e-3)
     assert cost.step_time([0, 0, 0, 0], [256] * 4) == pytest.approx(20e-3)
     assert cost.step_time([], []) == 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# profiles at several context lengths
+
+
+def at_context(data, context_len, scale):
+    """`data`'s grid measured again at `context_len`, every step `scale` times as long."""
+    other = copy.deepcopy(data)
+    other["context_len"] = context_len
+    for p in other["points"]:
+        p["step_ms"] *= scale
+        p["runs"] = [p["step_ms"]]
+    return other
+
+
+def test_contexts_join_save_and_load(tmp_path):
+    from spec_plugins.policy.measured import add_context
+
+    joined = add_context(GRID, at_context(GRID, 2048, 2.0))
+    assert [c["context_len"] for c in joined["contexts"]] == [2048]
+    assert load_profile(save_profile(joined, tmp_path / "j.json")) == joined
+    assert "contexts" not in load_profile(save_profile(GRID, tmp_path / "one.json"))  # unchanged for one context
+    with pytest.raises(ValueError, match=r"contexts\.1\.context_len: expected a context length not profiled"):
+        add_context(joined, at_context(GRID, 2048, 3.0))
+    coarse = at_context(GRID, 1024, 2.0)  # another context may be profiled on fewer cells
+    coarse["points"] = [p for p in coarse["points"] if p["batch"] in (1, 8)]
+    assert MeasuredCost(add_context(joined, coarse)).batch_time(8, 8, 1024.0) == pytest.approx(2 * 0.030)
+    coarse["points"] = coarse["points"][:1]
+    with pytest.raises(ValueError, match=r"contexts\.1\.points: expected at least 2 distinct token counts"):
+        add_context(joined, coarse)
+    other_model = at_context(GRID, 1024, 2.0)
+    other_model["model"] = "another"
+    with pytest.raises(ValueError, match="model: expected the same as the profile it joins"):
+        add_context(GRID, other_model)
+
+
+def test_measured_cost_reads_the_steps_mean_context():
+    from spec_plugins.policy.measured import add_context
+
+    one, two = MeasuredCost(GRID), MeasuredCost(add_context(GRID, at_context(GRID, 2048, 2.0)))
+    for batch, rows in ((1, 1), (2, 4), (4, 5), (8, 8), (16, 40)):
+        base = one.batch_time(batch, rows)
+        assert two.batch_time(batch, rows) == base == two.batch_time(batch, rows, 100.0)  # at or below 256: as profiled
+        assert two.batch_time(batch, rows, 2048.0) == pytest.approx(2.0 * base)
+        assert two.batch_time(batch, rows, 1152.0) == pytest.approx(1.5 * base)  # halfway
+        assert two.batch_time(batch, rows, 3840.0) == pytest.approx(3.0 * base)  # the trend beyond
+        curve = two.batch_curve(batch, rows + 3, 1152.0)
+        assert curve[: rows + 1].tolist() == pytest.approx([two.batch_time(batch, r, 1152.0) for r in range(rows + 1)])
+    # step_time reads the requests' mean context; a one-context profile ignores it
+    assert two.step_time([1, 1], [1000, 3096]) - two.draft_time([1, 1]) == pytest.approx(two.batch_time(2, 4, 2048.0))
+    assert one.step_time([1, 1], [1000, 3096]) - one.draft_time([1, 1]) == pytest.approx(one.batch_time(2, 4))
+    assert one.mean_context([5000]) is None and two.mean_context([10, 30]) == 20.0
+
+
+def test_allocator_prices_tokens_over_long_contexts_dearer_on_both_walks():
+    import numpy as np
+
+    from spec_plugins.policy import allocator
+    from spec_plugins.policy.measured import add_context
+
+    data = add_context(GRID, at_context(GRID, 2048, 1.0))
+    for p in data["contexts"][0]["points"]:  # at 2048 every verified draft token costs 6 ms more
+        p["step_ms"] += 6.0 * p["batch"] * p["draft"]
+    cost = MeasuredCost(data)
+    surv = np.cumprod(np.full((2, 3), 0.8), axis=1)  # the grid's batch 2 has drafts 0 and 1
+    lengths = np.full(2, 3)
+    kept = {}
+    for ctx in (256, 2048):
+        context = np.full(2, ctx)
+        compiled = allocator.allocate_batch(surv, lengths, context, cost, search="global")
+        walk = allocator._walk
+        allocator._walk = None  # the numpy walk
+        try:
+            plain = allocator.allocate_batch(surv, lengths, context, cost, search="global")
+        finally:
+            allocator._walk = walk
+        assert compiled.tolist() == plain.tolist()
+        kept[ctx] = int(compiled.sum())
+    assert kept[2048] < kept[256]
+
+
+def test_plot_of_a_profile_at_two_contexts(tmp_path):
+    from spec_plugins.policy.measured import add_context
+
+    out = plot_profile(add_context(GRID, at_context(GRID, 2048, 2.0)), tmp_path / "two.png")
+    assert out.stat().st_size > 10_000

@@ -36,7 +36,9 @@ class StepCost(Protocol):
     verification time of `batch` requests and `rows` tokens in all; then that replaces linear_time plus the
     requests' attention_time (a measured profile knows it directly). The vectorised forms
     `batch_times(batch, rows_array)`, `linear_times(rows_array)` and `attention_times(draft_lens,
-    context_lens)` (same values element by element, see `VectorStepCost`) save a Python call per candidate."""
+    context_lens)` (same values element by element, see `VectorStepCost`) save a Python call per candidate.
+    With `mean_context(context_lens)` the batch forms take that as a third argument (a measured profile at
+    several context lengths)."""
 
     overhead_s: float
 
@@ -183,6 +185,8 @@ def curve_source(cost: StepCost) -> Callable[[int, int, np.ndarray], tuple] | No
     if hasattr(cost, "batch_time"):
         if not hasattr(cost, "batch_curve"):
             return None
+        if hasattr(cost, "mean_context"):  # a profile at several contexts: read at the step's mean
+            return lambda n, size, context: (cost.batch_curve(n, size, cost.mean_context(context)), None)
         return lambda n, size, context: (cost.batch_curve(n, size), None)
     if hasattr(cost, "linear_curve") and hasattr(cost, "attention_params"):
         return lambda n, size, context: (cost.linear_curve(size), (*cost.attention_params(), context))
@@ -201,6 +205,8 @@ def _verify_times(cost: StepCost, n: int, rows_of: np.ndarray, pos_of: np.ndarra
     # A measured profile knows the step time of n requests verifying `rows` tokens directly (its grid has
     # a batch axis); a model costs the tokens and each request's attention apart.
     if hasattr(cost, "batch_time"):
+        if hasattr(cost, "mean_context"):
+            return cost.batch_times(n, rows, cost.mean_context(context_lens))
         if hasattr(cost, "batch_times"):
             return cost.batch_times(n, rows)
         return np.array([cost.batch_time(n, int(r)) for r in rows])

@@ -15,13 +15,18 @@ The saved JSON (`load_profile` validates it; readers ignore keys they do not kno
      "steps": 16, "enforce_eager": true,    # optional: N, and whether vLLM ran without compilation
      "points": [{"batch": 1, "draft": 0, "tokens": 1, "step_ms": 7.9, "runs": [7.8, 7.9, 8.1],
                  "drafted_per_step": null, "accepted_per_step": null}, ...],
-     "created": "2025-01-01T12:00:00+00:00", "command": "spec-plugins profile ..."}
+     "created": "2025-01-01T12:00:00+00:00", "command": "spec-plugins profile ...",
+     "contexts": [{"context_len": 2048, "points": [...]}]}   # optional: (another) grid at other contexts
 
 One point per (batch, draft) cell: tokens = batch·(1 + draft) verified per step, step_ms the median
 of runs (each the median ms per decode step of one run, one run per repeat). drafted_per_step and
 accepted_per_step (optional) are vLLM's spec-decode metrics over the timed runs: draft tokens and
 accepted tokens per request-step (null without speculation); drafted_per_step ≈ draft shows that the
 engine verified what was drafted. How the steps are timed is in `spec_plugins.policy.profile`.
+
+With `contexts`, a step's cost also depends on its requests' mean context length: linear between the
+profiled context lengths, flat below the smallest, extended beyond the largest by the last two's trend (never
+cheaper), so verified tokens over long contexts pay the attention a profile at one context leaves out.
 
 `MeasuredCost(profile)` turns a profile into the step-cost interface of the allocator and planner
 (`spec_plugins.policy.allocator.StepCost`), the same names as the roofline model in `cost.py`.
@@ -65,6 +70,13 @@ class ProfilePoint(pydantic.BaseModel):
         return self
 
 
+class ContextPoints(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="ignore")
+
+    context_len: int = pydantic.Field(ge=1)
+    points: list[ProfilePoint]
+
+
 class StepProfile(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="ignore")
 
@@ -79,6 +91,7 @@ class StepProfile(pydantic.BaseModel):
     points: list[ProfilePoint]
     created: str
     command: str
+    contexts: list[ContextPoints] = pydantic.Field(default_factory=list)
 
 
 def validate_profile(data: Any, where: str = "profile") -> dict:
@@ -99,7 +112,33 @@ def validate_profile(data: Any, where: str = "profile") -> dict:
     counts = {p.tokens for p in profile.points}
     if len(counts) < 2:  # a line needs two token counts: nothing to interpolate or extrapolate from
         raise ValueError(f"{where}: points: expected at least 2 distinct token counts, got only {counts.pop()}")
-    return profile.model_dump()
+    seen = {profile.context_len}
+    for i, other in enumerate(profile.contexts):
+        if other.context_len in seen:
+            raise ValueError(f"{where}: contexts.{i}.context_len: expected a context length not profiled yet, "
+                             f"got {other.context_len} again")
+        seen.add(other.context_len)
+        if len({p.tokens for p in other.points}) < 2:
+            raise ValueError(f"{where}: contexts.{i}.points: expected at least 2 distinct token counts")
+    data = profile.model_dump()
+    if not data["contexts"]:
+        del data["contexts"]  # a one-context profile reads and saves as before
+    return data
+
+
+def add_context(profile: dict, other: dict, where: str = "profile") -> dict:
+    """`profile` with `other` (a profile of the same engine, model and dtype at another context length, on
+    the same or a coarser grid of cells) as one of its `contexts`."""
+    for key in ("engine", "model", "dtype"):
+        if profile[key] != other[key]:
+            raise ValueError(f"{where}: {key}: expected the same as the profile it joins ({profile[key]!r}), "
+                             f"got {other[key]!r}")
+    merged = dict(profile)
+    joined = {"context_len": other["context_len"], "points": other["points"]}
+    merged["contexts"] = [*profile.get("contexts", []), joined]
+    if other["command"] != profile["command"]:  # one CLI run of several contexts gives one command
+        merged["command"] = f"{profile['command']} ; {other['command']}"
+    return validate_profile(merged, where)
 
 
 def load_profile(path: str | os.PathLike) -> dict:
@@ -121,9 +160,16 @@ def save_profile(profile: dict, path: str | os.PathLike) -> Path:
     data = validate_profile(profile, f"profile {out}")
     out.parent.mkdir(parents=True, exist_ok=True)
     # One line per key and per point: readable, and a diff of two profiles shows which cells moved.
-    head = [f" {json.dumps(k)}: {json.dumps(v)}" for k, v in data.items() if k != "points"]
+    head = [f" {json.dumps(k)}: {json.dumps(v)}" for k, v in data.items() if k not in ("points", "contexts")]
     points = ",\n".join(f"  {json.dumps(p)}" for p in data["points"])
-    out.write_text("{\n" + ",\n".join([*head, f' "points": [\n{points}\n ]']) + "\n}\n")
+    parts = [*head, f' "points": [\n{points}\n ]']
+    if "contexts" in data:
+        blocks = []
+        for c in data["contexts"]:
+            cp = ",\n".join(f"    {json.dumps(p)}" for p in c["points"])
+            blocks.append(f'  {{"context_len": {c["context_len"]}, "points": [\n{cp}\n  ]}}')
+        parts.append(' "contexts": [\n' + ",\n".join(blocks) + "\n ]")
+    out.write_text("{\n" + ",\n".join(parts) + "\n}\n")
     return out
 
 
@@ -167,6 +213,29 @@ def _curve_at(xs: np.ndarray, ys: np.ndarray, x: float) -> float:
     return float(np.interp(x, xs, ys))
 
 
+def _grid(points: list[dict]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """batch -> (draft lengths, step seconds non-decreasing in draft) of one context's points."""
+    by_cell: dict[int, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for p in points:
+        by_cell[p["batch"]][p["draft"]].append(p["step_ms"] / 1e3)
+    grid = {}
+    for b in sorted(by_cell):
+        drafts = sorted(by_cell[b])
+        secs = [statistics.median(by_cell[b][d]) for d in drafts]
+        grid[b] = (np.array(drafts, dtype=np.float64), np.maximum.accumulate(np.array(secs)))
+    return grid
+
+
+def _blend(lo, hi, w: float):
+    """(1 - w)·lo + w·hi between two contexts' costs; beyond the larger context (w > 1) the trend is never
+    cheaper, and a blended curve stays non-decreasing in rows."""
+    if w > 1.0:
+        out = hi + (w - 1.0) * np.maximum(np.asarray(hi) - lo, 0.0)
+    else:
+        out = (1.0 - w) * np.asarray(lo) + w * np.asarray(hi)
+    return np.maximum.accumulate(out) if np.ndim(out) else float(out)
+
+
 class MeasuredCost:
     """Step cost read off a measured profile (seconds), with the allocator's `StepCost` interface.
 
@@ -174,9 +243,9 @@ class MeasuredCost:
     grid read at the mean draft rows / B - 1, interpolated between the measured batch sizes. Both axes
     matter: 256 tokens as B = 256, D = 0 read 256 KV caches, as B = 16, D = 15 only 16 (18.5 ms against
     9.3 ms on the H200 profile), and on a CPU a bigger batch can be cheaper per token. Attention at the
-    profiled context length is inside the measured times; the profile does not vary the context, so its
-    dependence on context length is not modelled. `linear_time(rows)` (medians by token count, for callers
-    that do not know the batch) remains.
+    profiled context length is inside the measured times; with the profile's `contexts` the grid is read
+    at the requests' mean context, blended between the profiled ones. `linear_time(rows)` (medians by token
+    count, for callers that do not know the batch) remains.
     """
 
     class Options(pydantic.BaseModel):
@@ -198,74 +267,99 @@ class MeasuredCost:
         # The fixed part of a step (scheduling, launches, sampling) is inside every measured time.
         self.overhead_s = 0.0
         by_tokens: dict[int, list[float]] = defaultdict(list)
-        by_cell: dict[int, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
         for p in self.profile["points"]:
             by_tokens[p["tokens"]].append(p["step_ms"] / 1e3)
-            by_cell[p["batch"]][p["draft"]].append(p["step_ms"] / 1e3)
         self.tokens = np.array(sorted(by_tokens), dtype=np.float64)
         medians = np.array([statistics.median(by_tokens[t]) for t in sorted(by_tokens)])
         # Verifying more tokens never makes a step cheaper; a dip between two points is measurement
         # noise, and an allocator searching for the best length would chase it. Keep the running max.
         self.seconds = np.maximum.accumulate(medians)
         self._cache: dict[float, float] = {}
-        # Per measured batch size: step seconds against draft length, made non-decreasing likewise.
-        self.batches = sorted(by_cell)
-        self._by_batch = {}
-        for b in self.batches:
-            drafts = sorted(by_cell[b])
-            secs = [statistics.median(by_cell[b][d]) for d in drafts]
-            self._by_batch[b] = (np.array(drafts, dtype=np.float64), np.maximum.accumulate(np.array(secs)))
-        self._batch_cache: dict[tuple[int, float], float] = {}
-        self._curves: dict[int, np.ndarray] = {}  # batch size -> batch_time at rows 0, 1, 2, ...
+        # Per profiled context length (the profile's own first), per measured batch size: step seconds
+        # against draft length, made non-decreasing likewise.
+        grids = [(self.profile["context_len"], self.profile["points"])]
+        grids += [(c["context_len"], c["points"]) for c in self.profile.get("contexts", [])]
+        self.context_lens = [c for c, _ in grids]
+        self._grids = [_grid(points) for _, points in grids]
+        self.batches = sorted(self._grids[0])  # the profile's own context's batch sizes
+        self._batch_cache: dict[tuple[int, float, int], float] = {}  # (batch, rows, grid)
+        self._curves: dict[tuple[int, int], np.ndarray] = {}  # (batch size, grid) -> batch_time at rows 0, 1, ...
 
-    def batch_time(self, batch: int, rows: float) -> float:
-        """Step time (s) of `batch` requests verifying `rows` tokens in all (drafting excluded)."""
-        key = (batch, rows)
+    def _context_weights(self, context: float | None) -> list[tuple[int, float]]:
+        """(grid, weight) pairs whose weighted sum is the cost at mean context `context` (None: the profile's)."""
+        if context is None or len(self._grids) == 1:
+            return [(0, 1.0)]
+        order = sorted(range(len(self.context_lens)), key=self.context_lens.__getitem__)
+        ctx = [self.context_lens[g] for g in order]
+        if context <= ctx[0]:
+            return [(order[0], 1.0)]
+        i = min(int(np.searchsorted(ctx, context)), len(ctx) - 1)  # beyond the largest: the last two's trend
+        w = (context - ctx[i - 1]) / (ctx[i] - ctx[i - 1])
+        return [(order[i - 1], 1.0 - w), (order[i], w)]
+
+    def batch_time(self, batch: int, rows: float, context: float | None = None) -> float:
+        """Step time (s) of `batch` requests verifying `rows` tokens in all (drafting excluded), at mean
+        context length `context` (None: the profile's context_len)."""
+        weights = self._context_weights(context)
+        if len(weights) == 2:  # a step's own mean context: not kept (there is one per step)
+            g0, g1 = weights[0][0], weights[1][0]
+            return _blend(self._grid_time(self._grids[g0], batch, rows), self._grid_time(self._grids[g1], batch, rows),
+                          weights[1][1])
+        key = (batch, rows, weights[0][0])
         hit = self._batch_cache.get(key)
-        if hit is not None:
-            return hit
+        if hit is None:
+            hit = self._batch_cache[key] = self._grid_time(self._grids[weights[0][0]], batch, rows)
+        return hit
+
+    def _grid_time(self, grid: dict, batch: int, rows: float) -> float:
         draft = rows / batch - 1.0
-        bs = self.batches
+        bs = sorted(grid)
 
         def at(b: int) -> float:
-            return _curve_at(*self._by_batch[b], draft)
+            return _curve_at(*grid[b], draft)
 
         if batch <= bs[0] or len(bs) == 1:
-            t = at(bs[0]) if batch <= bs[0] else at(bs[-1])
-        elif batch >= bs[-1]:  # more requests than measured: extend the last two batch sizes' trend
+            return at(bs[0]) if batch <= bs[0] else at(bs[-1])
+        if batch >= bs[-1]:  # more requests than measured: extend the last two batch sizes' trend
             lo, hi = at(bs[-2]), at(bs[-1])
-            t = hi + max(0.0, (hi - lo) / (bs[-1] - bs[-2])) * (batch - bs[-1])
-        else:
-            i = int(np.searchsorted(bs, batch))
-            b0, b1 = bs[i - 1], bs[i]
-            w = (batch - b0) / (b1 - b0)
-            t = (1 - w) * at(b0) + w * at(b1)
-        self._batch_cache[key] = t
-        return t
+            return hi + max(0.0, (hi - lo) / (bs[-1] - bs[-2])) * (batch - bs[-1])
+        i = int(np.searchsorted(bs, batch))
+        b0, b1 = bs[i - 1], bs[i]
+        w = (batch - b0) / (b1 - b0)
+        return (1 - w) * at(b0) + w * at(b1)
 
-    def batch_times(self, batch: int, rows: np.ndarray) -> np.ndarray:
-        """batch_time(batch, r) for an array of integer row counts, from a curve per batch size that is
-        computed once (the allocator reads thousands of points of it per step)."""
+    def batch_times(self, batch: int, rows: np.ndarray, context: float | None = None) -> np.ndarray:
+        """batch_time(batch, r, context) for an array of integer row counts, from a curve per batch size
+        that is computed once (the allocator reads thousands of points of it per step)."""
         rows = np.asarray(rows, dtype=np.int64)
         if rows.size == 0:
             return np.zeros(0)
-        return self.batch_curve(batch, int(rows.max()) + 1)[rows]
+        return self.batch_curve(batch, int(rows.max()) + 1, context)[rows]
 
-    def batch_curve(self, batch: int, size: int) -> np.ndarray:
-        """batch_time(batch, 0), batch_time(batch, 1), ...: at least `size` entries, kept per batch size."""
-        curve = self._curves.get(batch)
+    def batch_curve(self, batch: int, size: int, context: float | None = None) -> np.ndarray:
+        """batch_time(batch, 0, context), batch_time(batch, 1, context), ...: at least `size` entries; the
+        curve of each profiled context is kept per batch size, a step's blend of two is not."""
+        weights = self._context_weights(context)
+        curves = [self._grid_curve(g, batch, size) for g, _ in weights]
+        if len(curves) == 1:
+            return curves[0]
+        n = min(len(curves[0]), len(curves[1]))
+        return _blend(curves[0][:n], curves[1][:n], weights[1][1])
+
+    def _grid_curve(self, g: int, batch: int, size: int) -> np.ndarray:
+        curve = self._curves.get((batch, g))
         if curve is None or size > len(curve):
             size = max(size, 2 * (0 if curve is None else len(curve)), 17 * batch + 1)
-            curve = self._curves[batch] = self._batch_curve(batch, np.arange(size, dtype=np.float64))
+            curve = self._curves[batch, g] = self._batch_curve(self._grids[g], batch, np.arange(size, dtype=np.float64))
         return curve
 
-    def _batch_curve(self, batch: int, rows: np.ndarray) -> np.ndarray:
-        """batch_time on an array of rows: the same operations as batch_time, element by element."""
+    def _batch_curve(self, grid: dict, batch: int, rows: np.ndarray) -> np.ndarray:
+        """_grid_time on an array of rows: the same operations, element by element."""
         draft = rows / batch - 1.0
-        bs = self.batches
+        bs = sorted(grid)
 
         def at(b: int) -> np.ndarray:
-            return _curve_at_many(*self._by_batch[b], draft)
+            return _curve_at_many(*grid[b], draft)
 
         if batch <= bs[0] or len(bs) == 1:
             return at(bs[0]) if batch <= bs[0] else at(bs[-1])
@@ -323,4 +417,10 @@ class MeasuredCost:
         if len(draft_lens) == 0:
             return 0.0
         rows = int(np.sum(1 + np.asarray(draft_lens, dtype=np.int64)))
-        return self.overhead_s + self.batch_time(len(draft_lens), rows)
+        return self.overhead_s + self.batch_time(len(draft_lens), rows, self.mean_context(context_lens))
+
+    def mean_context(self, context_lens: Sequence[int] | np.ndarray) -> float | None:
+        """The context the cost is read at: the requests' mean, where the profile has several contexts."""
+        if len(self._grids) == 1 or len(context_lens) == 0:
+            return None
+        return float(np.mean(context_lens))

@@ -43,7 +43,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from spec_plugins.policy.measured import FORMAT, save_profile
+from spec_plugins.policy.measured import FORMAT, add_context, load_profile, save_profile
 
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 CUSTOM_CLASS = "spec_plugins.vllm.SpecPluginsProposer"
@@ -287,23 +287,32 @@ def plot_profile(profile: dict, path: str | os.PathLike) -> Path:
     fig = Figure(figsize=(7.5, 4.8), dpi=120)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    by_draft: dict[int, list[dict]] = defaultdict(list)
-    for p in profile["points"]:
-        by_draft[p["draft"]].append(p)
-    for d in sorted(by_draft):
-        pts = sorted(by_draft[d], key=lambda p: p["tokens"])
-        ax.plot([p["tokens"] for p in pts], [p["step_ms"] for p in pts], marker="o", label=f"draft {d}")
-        for p in pts:
-            ax.annotate(f"B={p['batch']}", (p["tokens"], p["step_ms"]), textcoords="offset points",
-                        xytext=(4, -10), fontsize=7, alpha=0.7)
+    grids = [(profile["context_len"], profile["points"])]
+    grids += [(c["context_len"], c["points"]) for c in profile.get("contexts", [])]
+    colors: dict[int, str] = {}
+    for n, (context, points) in enumerate(grids):  # the profile's own context solid, others dashed
+        by_draft: dict[int, list[dict]] = defaultdict(list)
+        for p in points:
+            by_draft[p["draft"]].append(p)
+        for d in sorted(by_draft):
+            pts = sorted(by_draft[d], key=lambda p: p["tokens"])
+            label = f"draft {d}" + (f", context {context}" if len(grids) > 1 else "")
+            line, = ax.plot([p["tokens"] for p in pts], [p["step_ms"] for p in pts], marker="o" if n == 0 else "x",
+                            linestyle="-" if n == 0 else "--", color=colors.get(d), label=label)
+            colors.setdefault(d, line.get_color())
+            if n == 0:
+                for p in pts:
+                    ax.annotate(f"B={p['batch']}", (p["tokens"], p["step_ms"]), textcoords="offset points",
+                                xytext=(4, -10), fontsize=7, alpha=0.7)
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))  # 16, not 2^4
     ax.set_xlabel("tokens verified per step (batch × (1 + draft))")
     ax.set_ylabel("ms per decode step")
-    ax.set_title(f"{Path(profile['model']).name}, {profile['dtype']}, context {profile['context_len']}\n"
+    contexts = ", ".join(str(c) for c, _ in grids)
+    ax.set_title(f"{Path(profile['model']).name}, {profile['dtype']}, context {contexts}\n"
                  f"{profile['engine']} on {profile['device']}", fontsize=9)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7 if len(grids) > 1 else 8, ncol=len(grids))
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -328,7 +337,10 @@ def add_profile_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--batch-sizes", default="1,4,8,16,32", help="comma-separated batch sizes (default 1,4,8,16,32)")
     p.add_argument("--draft-lens", default="0,1,3,7,15", help="comma-separated draft lengths; 0 = no speculation "
                    "(default 0,1,3,7,15)")
-    p.add_argument("--context-len", type=int, default=256, help="prompt tokens per request (default 256)")
+    p.add_argument("--context-len", default="256", help="prompt tokens per request; comma-separated for a "
+                   "profile at several context lengths, the first its own (default 256)")
+    p.add_argument("--join", metavar="PROFILE", help="a profile (same engine, model, dtype and cells) the measured "
+                   "context lengths join as more `contexts`, written to --out")
     p.add_argument("--steps", type=int, default=32, help="decode steps timed per run (default 32)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per cell; the median is kept (default 3)")
     p.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPES)} (default float32)")
@@ -343,7 +355,9 @@ def add_profile_parser(subparsers: Any) -> argparse.ArgumentParser:
 def _cmd_profile(args: argparse.Namespace) -> None:
     batch_sizes = _int_list(args.batch_sizes, "--batch-sizes", 1)
     draft_lens = _int_list(args.draft_lens, "--draft-lens", 0)
-    for flag, value in (("--context-len", args.context_len), ("--steps", args.steps), ("--repeats", args.repeats)):
+    contexts = _int_list(args.context_len, "--context-len", 1)
+    base = load_profile(args.join) if args.join else None
+    for flag, value in (("--steps", args.steps), ("--repeats", args.repeats)):
         if value < 1:
             raise ValueError(f"{flag}: expected an integer >= 1, got {value}")
     if args.dtype not in DTYPES:
@@ -351,14 +365,17 @@ def _cmd_profile(args: argparse.Namespace) -> None:
     if args.model != "smollm2" and not (Path(args.model) / "config.json").is_file():
         raise ValueError(f"--model: expected a model folder with config.json or 'smollm2', got {args.model!r}")
     command = shlex.join(["spec-plugins", "profile", "--model", args.model, "--batch-sizes", args.batch_sizes,
-                          "--draft-lens", args.draft_lens, "--context-len", str(args.context_len), "--steps",
+                          "--draft-lens", args.draft_lens, "--context-len", args.context_len, "--steps",
                           str(args.steps), "--repeats", str(args.repeats), "--dtype", args.dtype,
-                          *(["--no-eager"] if args.no_eager else []), "--out", args.out,
-                          *(["--png", args.png] if args.png else [])])
-    profile = profile_engine(args.model, batch_sizes, draft_lens, args.context_len, args.steps, args.dtype,
-                             repeats=args.repeats, enforce_eager=not args.no_eager, command=command)
+                          *(["--no-eager"] if args.no_eager else []), *(["--join", args.join] if args.join else []),
+                          "--out", args.out, *(["--png", args.png] if args.png else [])])
+    profile = base
+    for context in contexts:
+        measured = profile_engine(args.model, batch_sizes, draft_lens, context, args.steps, args.dtype,
+                                  repeats=args.repeats, enforce_eager=not args.no_eager, command=command)
+        _print_points(measured)
+        profile = measured if profile is None else add_context(profile, measured, f"profile {args.out}")
     out = save_profile(profile, args.out)
-    _print_points(profile)
     print(f"wrote {out}")
     if args.png:
         print(f"wrote {plot_profile(profile, args.png)}")
