@@ -348,3 +348,17 @@ def test_plot_of_a_profile_at_two_contexts(tmp_path):
 
     out = plot_profile(add_context(GRID, at_context(GRID, 2048, 2.0)), tmp_path / "two.png")
     assert out.stat().st_size > 10_000
+
+
+def test_cpu_kv_cache_is_sized_for_the_largest_batch(monkeypatch):
+    from spec_plugins.policy.profile import _cpu_kv_cache
+
+    smollm2 = {"num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576, "num_hidden_layers": 30}
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    tokens = 32 * 2107  # 46 KB a token in float32: 2.9 GiB, where the engines here default to 1 GiB
+    assert _cpu_kv_cache(smollm2, "float32", tokens, None) == {"VLLM_CPU_KVCACHE_SPACE": "4"}
+    assert _cpu_kv_cache(smollm2, "float32", 32 * 300, {"A": "1"}) == {"A": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    with pytest.raises(ValueError, match=r"context_len: the largest batch needs 2\.9 GiB of KV cache .*gives 2 GiB"):
+        _cpu_kv_cache(smollm2, "float32", tokens, {"VLLM_CPU_KVCACHE_SPACE": "2"})
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "8")
+    assert _cpu_kv_cache(smollm2, "float32", tokens, None) == {}

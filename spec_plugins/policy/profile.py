@@ -154,6 +154,8 @@ def profile_engine(
         raise ValueError(f"context_len: expected at most {limit - room} for this model "
                          f"(max_position_embeddings {limit}, steps {steps}), got {context_len}")
     engine = _engine_name()
+    if "cpu" in engine:
+        env = _cpu_kv_cache(cfg, dtype, max(batch_sizes) * (context_len + room), env)
     from spec_plugins.bench.vllm_run import Engine, EngineRun
 
     prompts = _prompts(vocab, max(batch_sizes), context_len, seed)
@@ -185,6 +187,24 @@ def profile_engine(
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": command if command is not None else shlex.join(sys.argv),
     }
+
+
+def _cpu_kv_cache(cfg: dict, dtype: str, tokens: int, env: dict | None) -> dict:
+    """`env` with a vLLM-CPU KV cache that holds `tokens` (the largest batch's contexts): a smaller one runs
+    part of the batch per step and times something else. Sized here unless VLLM_CPU_KVCACHE_SPACE is set;
+    set too small, a clear error."""
+    heads = int(cfg.get("num_attention_heads") or 1)
+    head_dim = int(cfg.get("head_dim") or int(cfg.get("hidden_size") or 0) // heads)
+    per_token = (2 * int(cfg.get("num_hidden_layers") or 0) * int(cfg.get("num_key_value_heads") or heads) * head_dim
+                 * (4 if dtype == "float32" else 2))
+    need_gib = tokens * per_token / 2**30
+    given = (env or {}).get("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE"))
+    if given is None:
+        return {**(env or {}), "VLLM_CPU_KVCACHE_SPACE": str(max(1, int(need_gib * 1.25) + 1))}
+    if float(given) < need_gib:
+        raise ValueError(f"context_len: the largest batch needs {need_gib:.1f} GiB of KV cache ({tokens} tokens), "
+                         f"VLLM_CPU_KVCACHE_SPACE gives {given} GiB; raise it or lower --context-len / --batch-sizes")
+    return dict(env or {})
 
 
 def _speculation(draft: int, token: int) -> dict:
