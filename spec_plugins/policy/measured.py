@@ -281,7 +281,10 @@ class MeasuredCost:
         grids += [(c["context_len"], c["points"]) for c in self.profile.get("contexts", [])]
         self.context_lens = [c for c, _ in grids]
         self._grids = [_grid(points) for _, points in grids]
-        self.batches = sorted(self._grids[0])  # the profile's own context's batch sizes
+        self._grid_batches = [sorted(g) for g in self._grids]  # each grid's batch sizes, read every step
+        self.batches = self._grid_batches[0]  # the profile's own context's
+        self._by_context = sorted(range(len(grids)), key=self.context_lens.__getitem__)  # grids by context
+        self._sorted_contexts = [self.context_lens[g] for g in self._by_context]
         self._batch_cache: dict[tuple[int, float, int], float] = {}  # (batch, rows, grid)
         self._curves: dict[tuple[int, int], np.ndarray] = {}  # (batch size, grid) -> batch_time at rows 0, 1, ...
 
@@ -289,8 +292,7 @@ class MeasuredCost:
         """(grid, weight) pairs whose weighted sum is the cost at mean context `context` (None: the profile's)."""
         if context is None or len(self._grids) == 1:
             return [(0, 1.0)]
-        order = sorted(range(len(self.context_lens)), key=self.context_lens.__getitem__)
-        ctx = [self.context_lens[g] for g in order]
+        order, ctx = self._by_context, self._sorted_contexts
         if context <= ctx[0]:
             return [(order[0], 1.0)]
         i = min(int(np.searchsorted(ctx, context)), len(ctx) - 1)  # beyond the largest: the last two's trend
@@ -303,17 +305,16 @@ class MeasuredCost:
         weights = self._context_weights(context)
         if len(weights) == 2:  # a step's own mean context: not kept (there is one per step)
             g0, g1 = weights[0][0], weights[1][0]
-            return _blend(self._grid_time(self._grids[g0], batch, rows), self._grid_time(self._grids[g1], batch, rows),
-                          weights[1][1])
+            return _blend(self._grid_time(g0, batch, rows), self._grid_time(g1, batch, rows), weights[1][1])
         key = (batch, rows, weights[0][0])
         hit = self._batch_cache.get(key)
         if hit is None:
-            hit = self._batch_cache[key] = self._grid_time(self._grids[weights[0][0]], batch, rows)
+            hit = self._batch_cache[key] = self._grid_time(weights[0][0], batch, rows)
         return hit
 
-    def _grid_time(self, grid: dict, batch: int, rows: float) -> float:
+    def _grid_time(self, g: int, batch: int, rows: float) -> float:
         draft = rows / batch - 1.0
-        bs = sorted(grid)
+        grid, bs = self._grids[g], self._grid_batches[g]
 
         def at(b: int) -> float:
             return _curve_at(*grid[b], draft)
@@ -350,13 +351,13 @@ class MeasuredCost:
         curve = self._curves.get((batch, g))
         if curve is None or size > len(curve):
             size = max(size, 2 * (0 if curve is None else len(curve)), 17 * batch + 1)
-            curve = self._curves[batch, g] = self._batch_curve(self._grids[g], batch, np.arange(size, dtype=np.float64))
+            curve = self._curves[batch, g] = self._batch_curve(g, batch, np.arange(size, dtype=np.float64))
         return curve
 
-    def _batch_curve(self, grid: dict, batch: int, rows: np.ndarray) -> np.ndarray:
+    def _batch_curve(self, g: int, batch: int, rows: np.ndarray) -> np.ndarray:
         """_grid_time on an array of rows: the same operations, element by element."""
         draft = rows / batch - 1.0
-        bs = sorted(grid)
+        grid, bs = self._grids[g], self._grid_batches[g]
 
         def at(b: int) -> np.ndarray:
             return _curve_at_many(*grid[b], draft)
