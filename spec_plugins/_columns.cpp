@@ -7,11 +7,17 @@
 //   cut_drafts     which tokens BatchDrafts.truncated keeps
 //   lookup_slots   RequestSlots' id -> slot lookup of a whole step
 //   ledger_seen, ledger_reports, first_over: the drafting layer's ledger and cap check (drafting.py)
+//   ledger_step    the ledger's whole step when every request is known: lookup, reports, seen (drafting.py)
+//   batch_columns  DraftBatch's columns taken as they are when they already are int64 vectors
+//   vllm_rows      what vLLM's runner hands a custom_class proposer, as the layer's columns (vllm/proposer.py)
+//   count_and_sum  drafting requests and drafted tokens of a step, for the cost model (policy/cost.py)
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <algorithm>
 #include <string>
+#include <vector>
 
 namespace py = pybind11;
 
@@ -141,25 +147,9 @@ i64 ledger_seen(i64 slots, py::array_t<bool, py::array::c_style> fresh, long lon
   return out;
 }
 
-// Verification results of the requests at `slots` (accepted: drafted tokens accepted in each one's last
-// verification, -1 where it is still pending): (rows, drafted, accepted) of the drafts to report, rows
-// into slots, accepted capped at what was drafted (a pad or a lucky token past the draft can "match");
-// their drafted entries are reset, so each draft is reported once.
-py::tuple ledger_reports(i64 slots, i64 accepted, i64 drafted_col) {
-  const py::ssize_t n = slots.size(), capacity = drafted_col.size();
-  if (accepted.size() != n) throw py::value_error("accepted: expected one count per request");
-  const std::int64_t* sl = slots.data();
-  const std::int64_t* acc = accepted.data();
-  std::int64_t* drafted = drafted_col.mutable_data();
-  py::ssize_t m = 0;
-  for (py::ssize_t i = 0; i < n; ++i) {
-    if (sl[i] < 0 || sl[i] >= capacity) throw py::value_error("ledger: slot out of range");
-    m += drafted[sl[i]] > 0 && acc[i] >= 0;
-  }
-  i64 rows(m), d(m), a(m);
-  std::int64_t* r = rows.mutable_data();
-  std::int64_t* dd = d.mutable_data();
-  std::int64_t* aa = a.mutable_data();
+// Verification reports of the requests at `slots` into (r, dd, aa) (see ledger_reports); returns how many.
+py::ssize_t take_reports(const std::int64_t* sl, const std::int64_t* acc, py::ssize_t n, std::int64_t* drafted,
+                         std::int64_t* r, std::int64_t* dd, std::int64_t* aa) {
   py::ssize_t k = 0;
   for (py::ssize_t i = 0; i < n; ++i) {
     std::int64_t& dr = drafted[sl[i]];
@@ -170,7 +160,167 @@ py::tuple ledger_reports(i64 slots, i64 accepted, i64 drafted_col) {
     dr = 0;
     ++k;
   }
+  return k;
+}
+
+// The first m entries of each as int64 arrays: (rows, drafted, accepted).
+py::tuple reports_of(const std::vector<std::int64_t>& r, const std::vector<std::int64_t>& dd,
+                     const std::vector<std::int64_t>& aa, py::ssize_t m) {
+  i64 rows(m), d(m), a(m);
+  std::copy(r.begin(), r.begin() + m, rows.mutable_data());
+  std::copy(dd.begin(), dd.begin() + m, d.mutable_data());
+  std::copy(aa.begin(), aa.begin() + m, a.mutable_data());
   return py::make_tuple(rows, d, a);
+}
+
+// Verification results of the requests at `slots` (accepted: drafted tokens accepted in each one's last
+// verification, -1 where it is still pending): (rows, drafted, accepted) of the drafts to report, rows
+// into slots, accepted capped at what was drafted (a pad or a lucky token past the draft can "match");
+// their drafted entries are reset, so each draft is reported once.
+py::tuple ledger_reports(i64 slots, i64 accepted, i64 drafted_col) {
+  const py::ssize_t n = slots.size(), capacity = drafted_col.size();
+  if (accepted.size() != n) throw py::value_error("accepted: expected one count per request");
+  const std::int64_t* sl = slots.data();
+  for (py::ssize_t i = 0; i < n; ++i)
+    if (sl[i] < 0 || sl[i] >= capacity) throw py::value_error("ledger: slot out of range");
+  std::vector<std::int64_t> r(n), dd(n), aa(n);
+  const py::ssize_t m = take_reports(sl, accepted.data(), n, drafted_col.mutable_data(), r.data(), dd.data(), aa.data());
+  return reports_of(r, dd, aa, m);
+}
+
+// The ledger's step in one call when every id is already in `index` (the usual engine step): None, with
+// nothing written, if some id is unknown (the caller takes the general path, which creates slots). Else
+// (slots, grown, reports): what lookup_slots, ledger_reports (accepted given; reports is None otherwise)
+// and ledger_seen (no request new) return, in the same order of effects. A repeated id raises before any
+// column is written.
+py::object ledger_step(py::dict index, py::sequence req_ids, long long step, i64 lens, py::object num_new_obj,
+                       py::object accepted_obj, i64 last_step, i64 seen_len, i64 drafted_col) {
+  py::object seq = py::reinterpret_steal<py::object>(PySequence_Fast(req_ids.ptr(), "req_ids: expected a sequence"));
+  if (!seq) throw py::error_already_set();
+  const py::ssize_t n = PySequence_Fast_GET_SIZE(seq.ptr()), capacity = last_step.size();
+  PyObject** items = PySequence_Fast_ITEMS(seq.ptr());
+  if (lens.size() != n) throw py::value_error("context_lens: expected one length per request");
+  if (seen_len.size() != capacity || drafted_col.size() != capacity)
+    throw py::value_error("ledger: columns of different lengths");
+  i64 slots(n);
+  std::int64_t* sl = slots.mutable_data();
+  for (py::ssize_t i = 0; i < n; ++i) {
+    PyObject* v = PyDict_GetItemWithError(index.ptr(), items[i]);  // borrowed
+    if (!v) {
+      if (PyErr_Occurred()) throw py::error_already_set();  // an unhashable id
+      return py::none();
+    }
+    sl[i] = PyLong_AsLongLong(v);
+    if (sl[i] < 0 || sl[i] >= capacity) throw py::value_error("ledger: slot out of range");
+  }
+  {  // ids map to slots one to one: a repeated slot is a repeated id
+    std::vector<unsigned char> taken(static_cast<size_t>(capacity), 0);
+    for (py::ssize_t i = 0; i < n; ++i) {
+      if (taken[sl[i]]) throw py::value_error("a request id appears twice in one step");
+      taken[sl[i]] = 1;
+    }
+  }
+  i64 num_new, accepted;
+  if (!num_new_obj.is_none()) {
+    num_new = num_new_obj.cast<i64>();
+    if (num_new.size() != n) throw py::value_error("num_new: expected one count per request");
+  }
+  if (!accepted_obj.is_none()) {
+    accepted = accepted_obj.cast<i64>();
+    if (accepted.size() != n) throw py::value_error("accepted: expected one count per request");
+  }
+  py::object reports = py::none();
+  if (!accepted_obj.is_none()) {
+    std::vector<std::int64_t> r(n), dd(n), aa(n);
+    const py::ssize_t m = take_reports(sl, accepted.data(), n, drafted_col.mutable_data(), r.data(), dd.data(), aa.data());
+    reports = reports_of(r, dd, aa, m);
+  }
+  const std::int64_t* len = lens.data();
+  const std::int64_t* fresh = num_new_obj.is_none() ? nullptr : num_new.data();
+  std::int64_t* last = last_step.mutable_data();
+  std::int64_t* seen = seen_len.mutable_data();
+  i64 out(n);
+  std::int64_t* grown = out.mutable_data();
+  for (py::ssize_t i = 0; i < n; ++i) {
+    last[sl[i]] = step;
+    const std::int64_t g = fresh ? fresh[i] : len[i] - seen[sl[i]];
+    grown[i] = (g < 0 || g > len[i]) ? len[i] : g;
+    seen[sl[i]] = len[i];
+  }
+  return py::make_tuple(slots, out, reports);
+}
+
+bool is_int64_vector(const py::handle& col, py::ssize_t n) {
+  if (!py::isinstance<py::array>(col)) return false;
+  const py::array a = py::reinterpret_borrow<py::array>(col);
+  return a.ndim() == 1 && a.shape(0) == n && a.dtype().is(py::dtype::of<std::int64_t>()) &&
+         (a.flags() & py::array::c_style);
+}
+
+// DraftBatch's three count columns (and rows) when each already is a contiguous int64 vector of n entries:
+// checked as check_batch does and returned as they are. False when some column needs converting first.
+bool batch_columns(py::ssize_t n, py::handle context_lens, py::handle num_new, py::handle max_draft,
+                   py::object rows, long long height, long long width) {
+  if (!is_int64_vector(context_lens, n) || !is_int64_vector(num_new, n) || !is_int64_vector(max_draft, n) ||
+      (!rows.is_none() && !is_int64_vector(rows, n)))
+    return false;
+  check_batch(py::reinterpret_borrow<i64>(context_lens), py::reinterpret_borrow<i64>(num_new),
+              py::reinterpret_borrow<i64>(max_draft), rows, height, width);
+  return true;
+}
+
+template <class T>
+void read_lens(const py::array& a, py::ssize_t n, std::int64_t* out) {
+  const T* p = static_cast<const T*>(a.data());
+  for (py::ssize_t i = 0; i < n; ++i) out[i] = static_cast<std::int64_t>(p[i]);
+}
+
+// vLLM's runner arguments to a custom_class proposer, for rows 0..len(sampled_token_ids): (sampled
+// tokens per row, drafted tokens it accepted (sampled - 1: the last sampled token is the bonus or the
+// correction), committed context lengths num_tokens_no_spec[:n], each row's cap min(K, room left before
+// max_model_len - 1), rows with a sampled token). A row with nothing sampled is a prefill chunk.
+py::tuple vllm_rows(py::sequence sampled_token_ids, py::array num_tokens_no_spec, long long max_model_len, long long k) {
+  py::object seq = py::reinterpret_steal<py::object>(
+      PySequence_Fast(sampled_token_ids.ptr(), "sampled_token_ids: expected a sequence of token lists"));
+  if (!seq) throw py::error_already_set();
+  const py::ssize_t n = PySequence_Fast_GET_SIZE(seq.ptr());
+  PyObject** items = PySequence_Fast_ITEMS(seq.ptr());
+  if (num_tokens_no_spec.ndim() != 1 || num_tokens_no_spec.shape(0) < n)
+    throw py::value_error("num_tokens_no_spec: expected one length per row of sampled_token_ids");
+  i64 sampled(n), accepted(n), lens(n), caps(n);
+  std::int64_t* s = sampled.mutable_data();
+  std::int64_t* a = accepted.mutable_data();
+  std::int64_t* l = lens.mutable_data();
+  std::int64_t* c = caps.mutable_data();
+  py::ssize_t decoding = 0;
+  for (py::ssize_t i = 0; i < n; ++i) {
+    const Py_ssize_t m = PyObject_Length(items[i]);
+    if (m < 0) throw py::error_already_set();
+    s[i] = m;
+    a[i] = std::int64_t(m) - 1;
+    decoding += m > 0;
+  }
+  py::array contiguous = py::array::ensure(num_tokens_no_spec, py::array::c_style);
+  if (!contiguous) throw py::error_already_set();
+  if (contiguous.dtype().is(py::dtype::of<std::int32_t>())) read_lens<std::int32_t>(contiguous, n, l);
+  else if (contiguous.dtype().is(py::dtype::of<std::int64_t>())) read_lens<std::int64_t>(contiguous, n, l);
+  else read_lens<std::int64_t>(py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>(contiguous), n, l);
+  for (py::ssize_t i = 0; i < n; ++i) {
+    const std::int64_t room = max_model_len - 1 - l[i];
+    c[i] = room < 0 ? 0 : (room < k ? room : k);
+  }
+  return py::make_tuple(sampled, accepted, lens, caps, decoding);
+}
+
+// (entries that are not 0, their sum): how many requests draft and how many tokens, for the cost model.
+py::tuple count_and_sum(i64 lengths) {
+  const std::int64_t* l = lengths.data();
+  long long nonzero = 0, total = 0;
+  for (py::ssize_t i = 0; i < lengths.size(); ++i) {
+    nonzero += l[i] != 0;
+    total += l[i];
+  }
+  return py::make_tuple(nonzero, total);
 }
 
 // The first row whose draft is longer than its cap, or -1.
@@ -222,6 +372,10 @@ PYBIND11_MODULE(_columns, m) {
   m.def("lookup_slots", &lookup_slots);
   m.def("ledger_seen", &ledger_seen);
   m.def("ledger_reports", &ledger_reports);
+  m.def("ledger_step", &ledger_step);
+  m.def("batch_columns", &batch_columns);
+  m.def("vllm_rows", &vllm_rows);
+  m.def("count_and_sum", &count_and_sum);
   m.def("first_over", &first_over);
   m.def("cut_drafts", &cut_drafts);
 }

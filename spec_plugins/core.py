@@ -82,20 +82,25 @@ class DraftBatch:
     def __post_init__(self) -> None:
         # Checked in one compiled pass over the columns: this is built once per engine step.
         n = len(self.req_ids)
-        for name in ("context_lens", "num_new", "max_draft"):
-            col = np.asarray(getattr(self, name))
-            if col.shape != (n,) or (n and col.dtype.kind not in "iu"):
-                raise ValueError(f"DraftBatch.{name}: expected {n} integers, got {col.dtype} of shape {col.shape}")
-            setattr(self, name, np.ascontiguousarray(col, dtype=np.int64))
         height = width = 0
         if self.rows is not None:
-            self.rows = np.ascontiguousarray(self.rows, dtype=np.int64)
-            if self.rows.shape != (n,) or getattr(self.contexts, "ndim", 0) != 2:
+            if getattr(self.contexts, "ndim", 0) != 2:
                 raise ValueError("DraftBatch.rows: expected one row index per request into a 2-D token matrix")
             height, width = self.contexts.shape
         elif len(self.contexts) != n:
             raise ValueError(f"DraftBatch.contexts: expected {n} sequences, got {len(self.contexts)}")
-        _columns.check_batch(self.context_lens, self.num_new, self.max_draft, self.rows, height, width)
+        # Columns that already are int64 vectors (what the drafting layer builds) are checked as they are.
+        if not _columns.batch_columns(n, self.context_lens, self.num_new, self.max_draft, self.rows, height, width):
+            for name in ("context_lens", "num_new", "max_draft"):
+                col = np.asarray(getattr(self, name))
+                if col.shape != (n,) or (n and col.dtype.kind not in "iu"):
+                    raise ValueError(f"DraftBatch.{name}: expected {n} integers, got {col.dtype} of shape {col.shape}")
+                setattr(self, name, np.ascontiguousarray(col, dtype=np.int64))
+            if self.rows is not None:
+                self.rows = np.ascontiguousarray(self.rows, dtype=np.int64)
+                if self.rows.shape != (n,):
+                    raise ValueError("DraftBatch.rows: expected one row index per request into a 2-D token matrix")
+            _columns.check_batch(self.context_lens, self.num_new, self.max_draft, self.rows, height, width)
         if self.features is not None and len(self.features) != n:
             raise ValueError(f"DraftBatch.features: expected {n} entries, got {len(self.features)}")
 

@@ -144,19 +144,34 @@ class DraftingLayer:
         """
         self.step_count += 1
         n = len(req_ids)
-        lens = np.asarray(context_lens, dtype=np.int64)
-        if len(set(req_ids)) != n:
-            raise ValueError(f"{self.who}: a request id appears twice in one step")
-        ledger = self._ledger
-        slots, new = ledger.lookup(req_ids)
-        if self._times_steps:
-            self._time_step(n, new, present)
+        lens = np.ascontiguousarray(context_lens, dtype=np.int64)
+        if num_new is not None:
+            num_new = np.ascontiguousarray(num_new, dtype=np.int64)
         if accepted is not None:
-            self._observe(slots, req_ids, np.ascontiguousarray(accepted, dtype=np.int64))
-        # First sight, or a context that shrank (recomputed): the whole context is new.
-        grown = _columns.ledger_seen(slots, new, self.step_count, np.ascontiguousarray(lens),
-                                     None if num_new is None else np.ascontiguousarray(num_new, dtype=np.int64),
-                                     ledger["last_step"], ledger["seen_len"])
+            accepted = np.ascontiguousarray(accepted, dtype=np.int64)
+        ledger = self._ledger
+        try:  # the usual step, every request known: the whole ledger step in one compiled call
+            known = _columns.ledger_step(ledger.index, req_ids, self.step_count, lens, num_new, accepted,
+                                         ledger["last_step"], ledger["seen_len"], ledger["drafted"])
+        except ValueError as exc:
+            raise ValueError(f"{self.who}: {exc}") from None
+        if known is not None:
+            slots, grown, reports = known
+            if self._times_steps:
+                self._time_step(n, None, present)
+            if reports is not None and len(reports[0]):
+                self._report(req_ids, *reports)
+        else:  # some request is new: slots are created first
+            if len(set(req_ids)) != n:
+                raise ValueError(f"{self.who}: a request id appears twice in one step")
+            slots, new = ledger.lookup(req_ids)
+            if self._times_steps:
+                self._time_step(n, new, present)
+            if accepted is not None:
+                self._observe(slots, req_ids, accepted)
+            # First sight, or a context that shrank (recomputed): the whole context is new.
+            grown = _columns.ledger_seen(slots, new, self.step_count, lens, num_new,
+                                         ledger["last_step"], ledger["seen_len"])
         if len(ledger) > n + self.touch(present):  # some tracked request is absent from this step
             self.sweep()
         caps = np.asarray(max_draft, dtype=np.int64)
@@ -221,20 +236,22 @@ class DraftingLayer:
 
     # ---- internals --------------------------------------------------------------------------------
 
-    def _time_step(self, n: int, new: np.ndarray, present: Sequence[ReqId]) -> None:
+    def _time_step(self, n: int, new: np.ndarray | None, present: Sequence[ReqId]) -> None:
         now = self.clock()
         # Only the interval between two steps over the same requests is one engine step of the batch the
         # policy drafted for: a request that joins (its prefill), a prefill chunk alongside, or a batch
-        # that shrank or grew make it something else.
-        if self._timed_at is not None and n == self._timed_n and not present and not new.any():
+        # that shrank or grew make it something else. new: which requests joined (None: none did).
+        if self._timed_at is not None and n == self._timed_n and not present and (new is None or not new.any()):
             self.policy.observe_step_interval(now - self._timed_at)
         self._timed_at, self._timed_n = now, -1 if present else n
 
     def _observe(self, slots: np.ndarray, req_ids: Sequence[ReqId], accepted: np.ndarray) -> None:
         # Each draft is reported once, with what was accepted capped at what was drafted.
         rows, drafted, acc = _columns.ledger_reports(slots, accepted, self._ledger["drafted"])
-        if not len(rows):
-            return
+        if len(rows):
+            self._report(req_ids, rows, drafted, acc)
+
+    def _report(self, req_ids: Sequence[ReqId], rows: np.ndarray, drafted: np.ndarray, acc: np.ndarray) -> None:
         # rows are increasing: all of them is every request (the usual step)
         ids = req_ids if len(rows) == len(req_ids) else [req_ids[i] for i in rows.tolist()]
         if self._batch_policy:

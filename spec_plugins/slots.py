@@ -45,6 +45,11 @@ class RequestSlots:
         return self._cols[name]
 
     @property
+    def index(self) -> dict[Hashable, int]:
+        """req_id -> slot (read only: compiled steps look ids up in it directly)."""
+        return self._index
+
+    @property
     def capacity(self) -> int:
         return len(self._ids)
 

@@ -70,3 +70,57 @@ def test_lookup_slots_and_the_ledger_reports():
                                  None, last, seen)
     assert grown.tolist() == [2, 8, 5] and last.tolist() == [0, 7, 7, 7] and seen.tolist() == [0, 12, 8, 5]
     assert _columns.first_over(np.array([1, 4, 2]), np.array([1, 3, 1])) == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_ledger_step_equals_lookup_reports_and_seen(data):
+    """The one-call ledger step writes and returns what the three separate calls do."""
+    capacity = data.draw(st.integers(1, 10))
+    index = {f"r{s}": s for s in data.draw(st.lists(st.integers(0, capacity - 1), unique=True, max_size=capacity))}
+    ids = data.draw(st.lists(st.sampled_from(sorted(index) + ["new"]), max_size=6))
+    lens = np.array(data.draw(st.lists(st.integers(0, 50), min_size=len(ids), max_size=len(ids))), dtype=np.int64)
+    num_new = data.draw(st.none() | st.just(np.minimum(lens, 3)))
+    accepted = data.draw(st.none() | st.just(np.array([(i % 4) - 1 for i in range(len(ids))], dtype=np.int64)))
+    cols = [np.array(data.draw(st.lists(st.integers(0, 9), min_size=capacity, max_size=capacity)), dtype=np.int64)
+            for _ in range(3)]
+    mine = [c.copy() for c in cols]
+    if "new" in ids:
+        assert _columns.ledger_step(index, ids, 7, lens, num_new, accepted, *mine) is None
+        assert all((a == b).all() for a, b in zip(cols, mine))  # nothing written
+        return
+    if len(set(ids)) != len(ids):
+        with pytest.raises(ValueError, match="a request id appears twice in one step"):
+            _columns.ledger_step(index, ids, 7, lens, num_new, accepted, *mine)
+        assert all((a == b).all() for a, b in zip(cols, mine))
+        return
+    slots, grown, reports = _columns.ledger_step(index, ids, 7, lens, num_new, accepted, *mine)
+    want_slots, _ = _columns.lookup_slots(index, ids)
+    last, seen, drafted = cols
+    want_reports = None if accepted is None else _columns.ledger_reports(want_slots, accepted, drafted)
+    want_grown = _columns.ledger_seen(want_slots, np.zeros(len(ids), dtype=bool), 7, lens, num_new, last, seen)
+    assert slots.tolist() == want_slots.tolist() and grown.tolist() == want_grown.tolist()
+    assert (reports is None) == (want_reports is None)
+    if reports is not None:
+        assert [r.tolist() for r in reports] == [r.tolist() for r in want_reports]
+    assert all((a == b).all() for a, b in zip(cols, mine))
+
+
+def test_vllm_rows_and_batch_columns():
+    sampled, accepted, lens, caps, decoding = _columns.vllm_rows(
+        [[1, 2, 3], [], [4]], np.array([10, 7, 4094, 99], dtype=np.int32), 4096, 4)
+    assert sampled.tolist() == [3, 0, 1] and accepted.tolist() == [2, -1, 0] and decoding == 2
+    assert lens.tolist() == [10, 7, 4094] and caps.tolist() == [4, 4, 1]  # room before max_model_len - 1
+    assert _columns.vllm_rows([[1]], np.array([5000]), 4096, 4)[3].tolist() == [0]
+    with pytest.raises(ValueError, match="num_tokens_no_spec: expected one length per row"):
+        _columns.vllm_rows([[1], [2]], np.array([3]), 4096, 4)
+    m = np.zeros((2, 8), dtype=np.int32)
+    lens = np.array([3, 4])
+    assert _columns.batch_columns(2, lens, lens - 1, lens, np.array([0, 1]), 2, 8)  # int64 vectors: as they are
+    assert not _columns.batch_columns(2, lens.astype(np.int32), lens, lens, None, 0, 0)  # converted by DraftBatch
+    batch = DraftBatch(["a", "b"], m, lens.astype(np.int32), [1, 1], (2, 2), rows=[0, 1])
+    assert batch.context_lens.dtype == np.int64 and batch.max_draft.tolist() == [2, 2]
+    with pytest.raises(ValueError, match="DraftBatch.num_new: row 1 has 5 new tokens in a context of 4"):
+        DraftBatch(["a", "b"], m, lens, np.array([1, 5]), lens, rows=np.array([0, 1]))
+    with pytest.raises(ValueError, match=r"DraftBatch.max_draft: expected 2 integers, got float64"):
+        DraftBatch(["a", "b"], m, lens, lens, np.array([1.0, 2.0]), rows=np.array([0, 1]))

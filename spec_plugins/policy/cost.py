@@ -18,6 +18,7 @@ from typing import Literal, Sequence
 import numpy as np
 import pydantic
 
+from spec_plugins import _columns
 from spec_plugins.policy.hardware import DTYPE_BYTES, HardwareProfile, canonical_dtype, load_hardware
 from spec_plugins.policy.model import ModelDescriptor, load_model_config
 
@@ -292,11 +293,10 @@ class RooflineCost(CostModel):
     def draft_time(self, draft_lens: Sequence[int]) -> float:
         dc = self.drafter
         if dc.kind == "model_free":  # the serving path: no list of the batch's lengths (never negative)
-            d = np.asarray(draft_lens, dtype=np.int64)
-            drafting = int(np.count_nonzero(d))
+            drafting, tokens = _columns.count_and_sum(np.ascontiguousarray(draft_lens, dtype=np.int64))
             if drafting == 0:
                 return 0.0
-            return (dc.per_request_us * drafting + dc.per_token_us * int(d.sum())) * 1e-6
+            return (dc.per_request_us * drafting + dc.per_token_us * tokens) * 1e-6
         drafting = [int(d) for d in draft_lens if d > 0]
         if not drafting:
             return 0.0

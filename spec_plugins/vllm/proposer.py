@@ -39,6 +39,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from spec_plugins import _columns
 from spec_plugins.core import BindsModel, check_cap
 from spec_plugins.drafting import DraftingLayer
 from spec_plugins.vllm.plugin import RequestIdAware, install
@@ -136,22 +137,21 @@ class SpecPluginsProposer(RequestIdAware):
         start = time.perf_counter() if self._trace is not None else 0.0
         num_rows = len(sampled_token_ids)
         ids = self._row_ids(num_rows)
-        sampled = np.fromiter(map(len, sampled_token_ids), dtype=np.int64, count=num_rows)
         k = self.num_speculative_tokens
         if self.batch_schedule:
             k = min(k, schedule_lookup(self.batch_schedule, num_rows))
-        lens = np.asarray(num_tokens_no_spec[:num_rows], dtype=np.int64)
-        if np.count_nonzero(sampled) == num_rows:  # the usual step: every row decodes
+        # Per row: tokens sampled, drafts accepted, committed length, cap min(k, room before max_model_len - 1).
+        sampled, accepted, lens, caps, decoding = _columns.vllm_rows(sampled_token_ids, num_tokens_no_spec,
+                                                                     self.max_model_len, k)
+        if decoding == num_rows:  # the usual step: every row decodes
             live, live_ids, present = self._all_rows(num_rows), ids, ()
         else:  # a row with nothing sampled is a prefill chunk in progress
             live = np.flatnonzero(sampled)
             live_ids = [ids[i] for i in live.tolist()]
             present = [ids[i] for i in np.flatnonzero(sampled == 0).tolist()]
-            lens, sampled = lens[live], sampled[live]
-        drafts = self.drafting.step(
-            live_ids, token_ids_cpu, lens, rows=live, num_new=sampled, accepted=sampled - 1,
-            max_draft=np.minimum(np.maximum(self.max_model_len - 1 - lens, 0), k), present=present,
-        )
+            lens, sampled, accepted, caps = lens[live], sampled[live], accepted[live], caps[live]
+        drafts = self.drafting.step(live_ids, token_ids_cpu, lens, rows=live, num_new=sampled,
+                                    accepted=accepted, max_draft=caps, present=present)
         if self._trace is not None:
             self._trace_step(ids, start, drafts.lengths)
         if len(live) == num_rows:
