@@ -109,9 +109,13 @@ def test_suffix_tree_batch_rejects_bad_tokens_and_duplicate_ids():
                                    np.array([4, 4])))
     with pytest.raises(ValueError, match="DraftBatch.num_new: row 0"):
         DraftBatch(["a"], [[1]], np.array([1]), np.array([2]), np.array([1]))
-    layer = DraftingLayer(p, FixedLength())
+    layer = DraftingLayer(p, FixedLength(), who="proposer 'suffix_tree'")
     with pytest.raises(ValueError, match="appears twice"):
         layer.step(["a", "a"], [[1, 2], [1, 2]], [2, 2], max_draft=4)
+    layer.step(["a", "b"], [[1, 2], [1, 2]], [2, 2], max_draft=4)  # both known from here on
+    with pytest.raises(ValueError, match="^proposer 'suffix_tree': a request id appears twice in one step$"):
+        layer.step(["b", "a", "b"], [[1, 2, 3]] * 3, [3, 3, 3], max_draft=4)
+    assert len(layer.step(["a", "b"], [[1, 2, 1], [1, 2, 1]], [3, 3], max_draft=4)) == 2  # nothing was written
 
 
 class Recorder:
