@@ -50,12 +50,13 @@ def num_new(seen: dict, req_id, ctx) -> int:
     return len(ctx) if req_id not in seen else len(ctx) - seen[req_id]
 
 
-@settings(max_examples=40, deadline=None)
-@given(st.integers(0, 2**32 - 1), st.sampled_from(["matrix32", "matrix64", "lists"]), st.booleans())
-def test_suffix_tree_batch_drafts_equal_per_request_drafts(seed, layout, threads):
+@settings(max_examples=80, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from(["matrix32", "matrix64", "lists"]), st.booleans(),
+       st.sampled_from([1, 2, 5, 16]))
+def test_suffix_tree_batch_drafts_equal_per_request_drafts(seed, layout, threads, interleave):
     opts = {"max_depth": 12, "max_cached_requests": 5}
     single = SuffixTreeProposer(**opts)
-    batched = SuffixTreeProposer(**opts, threads=1 if threads else 0, parallel_from=1)
+    batched = SuffixTreeProposer(**opts, threads=1 if threads else 0, parallel_from=1, interleave=interleave)
     seen: dict = {}
     for step, finished, rng in scenario(seed):
         for r in finished:
@@ -70,6 +71,7 @@ def test_suffix_tree_batch_drafts_equal_per_request_drafts(seed, layout, threads
         got = batched.propose_batch(make_batch(ids, ctxs, new, caps, layout, rng))
         assert got.lists() == [d.tokens for d in want]
         assert got.confidence.tolist() == [c for d in want for c in d.confidence]
+        batched._core._check()  # the trees the interleaved appends built are well formed
         for r, c in step:
             seen[r] = len(c)
     assert batched.stats() == single.stats()

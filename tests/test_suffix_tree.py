@@ -651,6 +651,8 @@ def test_memory_stays_bounded_over_100k_requests():
         ({"copy_min_prob": 1.5}, "copy_min_prob"),
         ({"copy_window": -1}, "copy_window"),
         ({"copy_hazard_c": float("nan")}, "copy_hazard_c"),
+        ({"interleave": 0}, "interleave"),
+        ({"interleave": 33}, "interleave"),
         ({"max_ngram": 3}, "max_ngram"),
     ],
 )

@@ -352,9 +352,11 @@ class PyCache {
     }
     return py::make_tuple(tokens, confidence, offsets, status);
   }
-  void set_parallel(long long workers, long long parallel_from) {
+  void set_parallel(long long workers, long long parallel_from, long long interleave) {
     if (workers < -1 || workers > 256) throw py::value_error("threads: expected -1 (auto), 0 (off) or up to 256");
     if (parallel_from < 1) throw py::value_error("parallel_from: expected an integer >= 1");
+    if (interleave < 1 || interleave > 32) throw py::value_error("interleave: expected 1 to 32 requests");
+    cache_.set_interleave(size_t(interleave));
     workers_ = workers < 0 ? spec_plugins::default_workers() : int(workers);
     parallel_from_ = size_t(parallel_from);
     pool_.reset();
@@ -459,8 +461,9 @@ PYBIND11_MODULE(_core, m) {
       .def("step_batch", &PyCache::step_batch, py::arg("keys"), py::arg("contexts"), py::arg("rows"),
            py::arg("lens"), py::arg("num_new"), py::arg("max_tokens"))
       .def("set_parallel", &PyCache::set_parallel, py::arg("threads"), py::arg("parallel_from"),
-           "Worker threads for batched drafting (-1: one per extra core, at most 3; 0: none) and the batch "
-           "size from which they are used.")
+           py::arg("interleave") = 16,
+           "Worker threads for batched drafting (-1: one per extra core, at most 3; 0: none), the batch "
+           "size from which they are used, and how many requests' appends a batched step interleaves.")
       .def_property_readonly("threads", &PyCache::workers)
       .def("finish", &PyCache::finish, py::arg("key"))
       .def("length", &PyCache::length, py::arg("key"))

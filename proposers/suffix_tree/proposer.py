@@ -17,7 +17,9 @@ answers (benchmarks/suffix_tree_results.md); ``copy_min_prob`` trades draft leng
 All the work is in `_core` (suffix_tree.hpp); this class maps request ids and checks the context.
 `propose_batch` is the serving path: one call into the core per engine step for the whole batch
 (ingest every request's new tokens, then draft all of them with the GIL released, on worker threads
-from `parallel_from` requests up); its drafts are the same as `propose`'s for the same histories.
+from `parallel_from` requests up, the appends of `interleave` requests at a time taken in turns so that
+one tree's memory loads overlap the others' work); its drafts are the same as `propose`'s for the same
+histories.
 """
 
 from __future__ import annotations
@@ -89,6 +91,9 @@ class SuffixTreeProposer:
             default=-1, ge=-1, le=256, description="worker threads for a batched step (-1: one per extra core, <= 3)"
         )
         parallel_from: int = pydantic.Field(default=64, ge=1, description="batch size from which threads are used")
+        interleave: int = pydantic.Field(
+            default=16, ge=1, le=32, description="requests whose appends a batched step interleaves (1: none)"
+        )
 
     def __init__(self, **options: Any) -> None:
         try:
@@ -116,7 +121,7 @@ class SuffixTreeProposer:
             copy_hazard_c=o.copy_hazard_c,
             copy_hazard_d=o.copy_hazard_d,
         )
-        self._core.set_parallel(o.threads, o.parallel_from)
+        self._core.set_parallel(o.threads, o.parallel_from, o.interleave)
         self._keys: dict[Hashable, int] = {}
         self._next_key = 0
 

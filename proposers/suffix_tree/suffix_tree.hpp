@@ -406,6 +406,26 @@ class Tree {
 
   // ---- insertion -------------------------------------------------------------------------------
   void append(i32 T, i32 t) {
+    Appending a;
+    append_begin(T, t, a, 2);
+    while (!append_done(a))
+      if (append_probe(a)) append_apply(a);
+    append_end(a);
+  }
+
+ public:
+  // One token's append in steps, so that several trees' appends can be interleaved (Cache::feed_group):
+  // append_begin, then while !append_done: append_probe, and append_apply where the probe says so, then
+  // append_end. Each step prefetches what the step after it reads, `ahead` suffixes on; between two
+  // steps of one tree the others' run, which hides those loads. A tree's own steps keep their order, so
+  // the tree is the same as after append().
+  struct Appending {
+    i32 T, t, n, j;   // sequence, token, its length before the token, the suffix being extended
+    i32 lo;           // the first suffix that may still grow
+    i32 ahead;        // how many suffixes on to prefetch
+    i32 u = kNone, c = kNone;  // the probed suffix's node and its child on t (kNone: none)
+  };
+  void append_begin(i32 T, i32 t, Appending& a, i32 ahead) {
     Seq& S = seqs_[T];
     const i32 n = i32(S.tok.size());
     S.tok.push_back(t);  // open leaves of T are one token longer from here on
@@ -414,46 +434,69 @@ class Tree {
     // another sequence was appended since (it may have repeated one of them: in-flight caching).
     const i32 lo = std::max(last_writer_ == T ? S.active : 0, n + 1 - D_);
     last_writer_ = T;
-    for (i32 j = lo; j <= std::min(lo + 1, n); ++j) {
-      __builtin_prefetch(&nodes_[S.endp[j]]);
-      kids_.prefetch(S.endp[j], t);
-    }
     S.rep_len = 0;
-    // Longest first: each suffix sees the tree with all longer suffixes already extended.
-    for (i32 j = lo; j <= n; ++j) {
-      const i32 u = seqs_[T].endp[j];
-      if (j + 2 <= n) {  // a later suffix's node and child slot, while this one is extended
-        const i32 ahead = seqs_[T].endp[j + 2];
-        __builtin_prefetch(&nodes_[ahead]);
-        kids_.prefetch(ahead, t);
-      }
-      if (j < n && nodes_[u].depth == kOpen) continue;
-      if (seqs_[T].rep_len == 0) {
-        // The first suffix that continues into an existing child is the longest repeated tail;
-        // the child's reference and oldest start are its most recent and first earlier occurrences.
-        const i32 c = kids_.find(u, t);
-        if (c != kNone) {
-          Seq& R = seqs_[T];
-          R.rep_len = n + 1 - j;
-          R.rep_seq = nodes_[c].seq;
-          R.rep_next = nodes_[c].start + R.rep_len;
-          R.rep_first = nodes_[c].oldest + R.rep_len;
-        }
-      }
-      step(T, j, u, t);
+    a.T = T;
+    a.t = t;
+    a.n = n;
+    a.j = a.lo = lo;
+    a.ahead = ahead;
+    for (i32 j = lo; j <= std::min(lo + ahead - 1, n); ++j) prefetch_suffix(S, j, t);
+  }
+  bool append_done(const Appending& a) const { return a.j > a.n; }
+  // Longest first: each suffix sees the tree with all longer suffixes already extended. False when
+  // suffix j is an open leaf (it grows by itself: nothing to apply, the probe moved on); else its child
+  // on t is found and loaded, for append_apply.
+  bool append_probe(Appending& a) {
+    const Seq& S = seqs_[a.T];
+    const i32 u = S.endp[a.j];
+    if (a.j < a.n && nodes_[u].depth == kOpen) {
+      next_suffix(a);
+      return false;
     }
+    a.u = u;
+    a.c = kids_.find(u, a.t);
+    if (a.c != kNone) __builtin_prefetch(&nodes_[a.c]);
+    const i32 b = nodes_[u].best;
+    if (b >= 0) __builtin_prefetch(&nodes_[b]);
+    return true;
+  }
+  void append_apply(Appending& a) {
+    Seq& S = seqs_[a.T];
+    if (S.rep_len == 0 && a.c != kNone) {
+      // The first suffix that continues into an existing child is the longest repeated tail; the
+      // child's reference and oldest start are its most recent and first earlier occurrences.
+      S.rep_len = a.n + 1 - a.j;
+      S.rep_seq = nodes_[a.c].seq;
+      S.rep_next = nodes_[a.c].start + S.rep_len;
+      S.rep_first = nodes_[a.c].oldest + S.rep_len;
+    }
+    step(a.T, a.j, a.u, a.t, a.c);
+    next_suffix(a);
+  }
+  void append_end(const Appending& a) {
     // Unique suffixes form a prefix of the window (a string that ends with a unique string is
     // unique), so `active` only moves forward.
-    i32 a = lo;
-    const Seq& S2 = seqs_[T];
-    while (a <= n && nodes_[S2.endp[a]].depth == kOpen) ++a;
-    seqs_[T].active = a;
+    Seq& S = seqs_[a.T];
+    i32 j = a.lo;
+    while (j <= a.n && nodes_[S.endp[j]].depth == kOpen) ++j;
+    S.active = j;
+  }
+
+ private:
+  void prefetch_suffix(const Seq& S, i32 j, i32 t) const {
+    const i32 u = S.endp[j];
+    __builtin_prefetch(&nodes_[u]);
+    kids_.prefetch(u, t);
+  }
+  void next_suffix(Appending& a) const {
+    ++a.j;
+    const i32 k = a.j + a.ahead - 1;  // the suffix `ahead` on from the next one to probe
+    if (k <= a.n) prefetch_suffix(seqs_[a.T], k, a.t);
   }
 
   // Suffix j of sequence T ends at node u (at its end; u is the root for the new empty suffix);
-  // extend it by token t.
-  void step(i32 T, i32 j, i32 u, i32 t) {
-    const i32 c = kids_.find(u, t);
+  // extend it by token t. c is u's child on t (kids_.find(u, t)), or kNone.
+  void step(i32 T, i32 j, i32 u, i32 t, i32 c) {
     const i32 du = nodes_[u].depth;  // u is closed: it holds this endpoint and more occurrences
     if (c == kNone) {  // new continuation: an open leaf
       const i32 w = alloc();
@@ -902,18 +945,21 @@ class Cache {
     // Requests are looked up before any thread starts: the map is not touched while they run.
     std::vector<Req*> reqs(n);
     for (size_t i = 0; i < n; ++i) reqs[i] = rows[i].kind == kContinue ? rows[i].req : &get(rows[i].key);
-    auto own = [&](size_t i) {
-      const Row& row = rows[i];
-      if (row.kind == kContinue && !shared_appends) feed(*reqs[i], row.tok, row.count);
-      out[i] = speculate(*reqs[i], row.max_tokens);
+    // Rows in groups: the group's appends interleaved (feed_group), then its drafts.
+    const size_t group = group_;
+    auto own = [&](size_t g) {
+      const size_t lo = g * group, hi = std::min(n, lo + group);
+      if (!shared_appends) feed_group(reqs.data() + lo, rows.data() + lo, hi - lo);
+      for (size_t i = lo; i < hi; ++i) out[i] = speculate(*reqs[i], rows[i].max_tokens);
     };
+    const size_t groups = (n + group - 1) / group;
     if (pool == nullptr || n < parallel_from) {
-      for (size_t i = 0; i < n; ++i) own(i);
+      for (size_t g = 0; g < groups; ++g) own(g);
       return;
     }
     global_.begin_shared_reads();
     try {
-      pool->run(n, 4, own);
+      pool->run(groups, 1, own);
     } catch (...) {
       global_.end_shared_reads();
       throw;
@@ -963,7 +1009,57 @@ class Cache {
     for (const auto& kv : reqs_) kv.second.local->validate();
   }
 
+  // Requests whose appends a batched step interleaves (1: none): the drafts are the same whatever it is.
+  static constexpr size_t kMaxGroup = 32;
+  void set_interleave(size_t group) {
+    if (group < 1 || group > kMaxGroup) throw std::invalid_argument("interleave: expected 1 to 32 requests");
+    group_ = group;
+  }
+
  private:
+  // A step's appends of up to group_ continuing requests (rows[i].tok[0 .. count) to reqs[i]), one
+  // suffix step of one request at a time in turns: trees of many requests do not fit in cache, and each
+  // step's loads were started a turn earlier (Tree::Appending). Each request's own steps, and its copier
+  // after each token, keep their order, so every tree and copier ends as feed() leaves it.
+  void feed_group(Req* const* reqs, const Row* rows, size_t m) {
+    struct Cursor {
+      Req* r;
+      const i32* tok;
+      size_t left;
+      int phase;  // 0: start the next token, 1: probe the next suffix, 2: apply the probed one
+      Tree::Appending a;
+    };
+    Cursor cur[kMaxGroup];
+    size_t live = 0;
+    for (size_t i = 0; i < m; ++i)
+      if (rows[i].kind == kContinue && rows[i].count > 0) cur[live++] = Cursor{reqs[i], rows[i].tok, rows[i].count, 0, {}};
+    if (live == 1) return feed(*cur[0].r, cur[0].tok, cur[0].left);
+    while (live > 0) {
+      for (size_t q = 0; q < live;) {
+        Cursor& c = cur[q];
+        Tree& tree = *c.r->local;
+        if (c.phase == 0) {
+          tree.append_begin(c.r->seq, *c.tok, c.a, 1);
+          c.phase = 1;
+        } else if (c.phase == 2) {
+          tree.append_apply(c.a);
+          c.phase = 1;
+        } else if (!tree.append_done(c.a)) {
+          if (tree.append_probe(c.a)) c.phase = 2;
+        } else {  // the token is in
+          tree.append_end(c.a);
+          if (o_.copy.on) c.r->copier.step(tree.seq(c.r->seq), o_.copy);
+          ++c.tok;
+          c.phase = 0;
+          if (--c.left == 0) {  // this request is done: the last one takes its turn
+            c = cur[--live];
+            continue;
+          }
+        }
+        ++q;
+      }
+    }
+  }
 
   void feed(Req& r, const i32* tok, size_t n) {
     if (!o_.copy.on) return r.local->extend(r.seq, tok, n);
@@ -991,6 +1087,7 @@ class Cache {
   }
 
   CacheOptions o_;
+  size_t group_ = 16;  // set_interleave
   Tree global_;
   std::unordered_map<long long, Req> reqs_;  // looked up only, never iterated for decisions
   std::unordered_map<i32, long long> owner_;  // global slot -> in-flight request
