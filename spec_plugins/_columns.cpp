@@ -94,26 +94,60 @@ py::list draft_lists(py::array tokens, i64 offsets) {
   return lists_of(py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>(tokens).data(), o, n);
 }
 
-// (slots, any unknown): each id's slot in `index` (a dict id -> int), -1 where it has none.
-py::tuple lookup_slots(py::dict index, py::sequence req_ids) {
-  py::object seq = py::reinterpret_steal<py::object>(PySequence_Fast(req_ids.ptr(), "req_ids: expected a sequence"));
-  if (!seq) throw py::error_already_set();
-  const py::ssize_t n = PySequence_Fast_GET_SIZE(seq.ptr());
-  PyObject** items = PySequence_Fast_ITEMS(seq.ptr());
-  i64 out(n);
-  std::int64_t* s = out.mutable_data();
+// Each of ids[0..n)'s slot in `index` (a dict id -> int) into s, -1 where it has none; returns whether some
+// id has none. With stop_at_unknown, returns at the first such id (s is then incomplete).
+bool find_slots(const py::dict& index, PyObject** ids, py::ssize_t n, std::int64_t* s, bool stop_at_unknown) {
   bool unknown = false;
   for (py::ssize_t i = 0; i < n; ++i) {
-    PyObject* v = PyDict_GetItemWithError(index.ptr(), items[i]);  // borrowed
+    PyObject* v = PyDict_GetItemWithError(index.ptr(), ids[i]);  // borrowed
     if (v) {
       s[i] = PyLong_AsLongLong(v);
     } else {
       if (PyErr_Occurred()) throw py::error_already_set();  // an unhashable id
       s[i] = -1;
       unknown = true;
+      if (stop_at_unknown) return true;
     }
   }
+  return unknown;
+}
+
+// (slots, any unknown): each id's slot in `index` (a dict id -> int), -1 where it has none.
+py::tuple lookup_slots(py::dict index, py::sequence req_ids) {
+  py::object seq = py::reinterpret_steal<py::object>(PySequence_Fast(req_ids.ptr(), "req_ids: expected a sequence"));
+  if (!seq) throw py::error_already_set();
+  const py::ssize_t n = PySequence_Fast_GET_SIZE(seq.ptr());
+  i64 out(n);
+  const bool unknown = find_slots(index, PySequence_Fast_ITEMS(seq.ptr()), n, out.mutable_data(), false);
   return py::make_tuple(out, unknown);
+}
+
+// An optional per-request count column (None: nullptr); `keep` holds the array while the pointer is used.
+const std::int64_t* optional_counts(const py::object& obj, py::ssize_t n, const char* what, i64& keep) {
+  if (obj.is_none()) return nullptr;
+  keep = obj.cast<i64>();
+  if (keep.size() != n) throw py::value_error(std::string(what) + ": expected one count per request");
+  return keep.data();
+}
+
+// Slots index columns of `capacity` rows.
+void check_slots(const std::int64_t* sl, py::ssize_t n, py::ssize_t capacity) {
+  for (py::ssize_t i = 0; i < n; ++i)
+    if (sl[i] < 0 || sl[i] >= capacity) throw py::value_error("ledger: slot out of range");
+}
+
+// Records the requests at sl[0..n) as seen at `step` with contexts of len[i] and writes the tokens new since
+// each was last seen into grown: fresh[i] where the engine knows it (fresh not null), else the context's
+// growth; the whole context for a request seen the first time (is_new[i], when is_new is not null) or whose
+// context shrank. Slots must be in range.
+void record_seen(const std::int64_t* sl, py::ssize_t n, const bool* is_new, long long step, const std::int64_t* len,
+                 const std::int64_t* fresh, std::int64_t* last, std::int64_t* seen, std::int64_t* grown) {
+  for (py::ssize_t i = 0; i < n; ++i) {
+    last[sl[i]] = step;
+    const std::int64_t g = fresh ? fresh[i] : len[i] - seen[sl[i]];
+    grown[i] = ((is_new && is_new[i]) || g < 0 || g > len[i]) ? len[i] : g;
+    seen[sl[i]] = len[i];
+  }
 }
 
 // A step's requests at `slots` were seen at `step` with contexts of `lens`: returns the tokens new since
@@ -124,26 +158,13 @@ i64 ledger_seen(i64 slots, py::array_t<bool, py::array::c_style> fresh, long lon
   const py::ssize_t n = slots.size(), capacity = last_step.size();
   if (fresh.size() != n || lens.size() != n || seen_len.size() != capacity)
     throw py::value_error("ledger: columns of different lengths");
-  const bool given = !num_new_obj.is_none();
   i64 num_new;
-  if (given) {
-    num_new = num_new_obj.cast<i64>();
-    if (num_new.size() != n) throw py::value_error("num_new: expected one count per request");
-  }
+  const std::int64_t* given = optional_counts(num_new_obj, n, "num_new", num_new);
   const std::int64_t* sl = slots.data();
-  const bool* is_new = fresh.data();
-  const std::int64_t* len = lens.data();
-  std::int64_t* last = last_step.mutable_data();
-  std::int64_t* seen = seen_len.mutable_data();
+  check_slots(sl, n, capacity);
   i64 out(n);
-  std::int64_t* grown = out.mutable_data();
-  for (py::ssize_t i = 0; i < n; ++i) {
-    if (sl[i] < 0 || sl[i] >= capacity) throw py::value_error("ledger: slot out of range");
-    last[sl[i]] = step;
-    const std::int64_t g = given ? num_new.data()[i] : len[i] - seen[sl[i]];
-    grown[i] = (is_new[i] || g < 0 || g > len[i]) ? len[i] : g;
-    seen[sl[i]] = len[i];
-  }
+  record_seen(sl, n, fresh.data(), step, lens.data(), given, last_step.mutable_data(), seen_len.mutable_data(),
+              out.mutable_data());
   return out;
 }
 
@@ -181,8 +202,7 @@ py::tuple ledger_reports(i64 slots, i64 accepted, i64 drafted_col) {
   const py::ssize_t n = slots.size(), capacity = drafted_col.size();
   if (accepted.size() != n) throw py::value_error("accepted: expected one count per request");
   const std::int64_t* sl = slots.data();
-  for (py::ssize_t i = 0; i < n; ++i)
-    if (sl[i] < 0 || sl[i] >= capacity) throw py::value_error("ledger: slot out of range");
+  check_slots(sl, n, capacity);
   std::vector<std::int64_t> r(n), dd(n), aa(n);
   const py::ssize_t m = take_reports(sl, accepted.data(), n, drafted_col.mutable_data(), r.data(), dd.data(), aa.data());
   return reports_of(r, dd, aa, m);
@@ -204,15 +224,8 @@ py::object ledger_step(py::dict index, py::sequence req_ids, long long step, i64
     throw py::value_error("ledger: columns of different lengths");
   i64 slots(n);
   std::int64_t* sl = slots.mutable_data();
-  for (py::ssize_t i = 0; i < n; ++i) {
-    PyObject* v = PyDict_GetItemWithError(index.ptr(), items[i]);  // borrowed
-    if (!v) {
-      if (PyErr_Occurred()) throw py::error_already_set();  // an unhashable id
-      return py::none();
-    }
-    sl[i] = PyLong_AsLongLong(v);
-    if (sl[i] < 0 || sl[i] >= capacity) throw py::value_error("ledger: slot out of range");
-  }
+  if (find_slots(index, items, n, sl, true)) return py::none();
+  check_slots(sl, n, capacity);
   {  // ids map to slots one to one: a repeated slot is a repeated id
     std::vector<unsigned char> taken(static_cast<size_t>(capacity), 0);
     for (py::ssize_t i = 0; i < n; ++i) {
@@ -221,32 +234,17 @@ py::object ledger_step(py::dict index, py::sequence req_ids, long long step, i64
     }
   }
   i64 num_new, accepted;
-  if (!num_new_obj.is_none()) {
-    num_new = num_new_obj.cast<i64>();
-    if (num_new.size() != n) throw py::value_error("num_new: expected one count per request");
-  }
-  if (!accepted_obj.is_none()) {
-    accepted = accepted_obj.cast<i64>();
-    if (accepted.size() != n) throw py::value_error("accepted: expected one count per request");
-  }
+  const std::int64_t* fresh = optional_counts(num_new_obj, n, "num_new", num_new);
+  const std::int64_t* acc = optional_counts(accepted_obj, n, "accepted", accepted);
   py::object reports = py::none();
-  if (!accepted_obj.is_none()) {
+  if (acc) {
     std::vector<std::int64_t> r(n), dd(n), aa(n);
-    const py::ssize_t m = take_reports(sl, accepted.data(), n, drafted_col.mutable_data(), r.data(), dd.data(), aa.data());
+    const py::ssize_t m = take_reports(sl, acc, n, drafted_col.mutable_data(), r.data(), dd.data(), aa.data());
     reports = reports_of(r, dd, aa, m);
   }
-  const std::int64_t* len = lens.data();
-  const std::int64_t* fresh = num_new_obj.is_none() ? nullptr : num_new.data();
-  std::int64_t* last = last_step.mutable_data();
-  std::int64_t* seen = seen_len.mutable_data();
   i64 out(n);
-  std::int64_t* grown = out.mutable_data();
-  for (py::ssize_t i = 0; i < n; ++i) {
-    last[sl[i]] = step;
-    const std::int64_t g = fresh ? fresh[i] : len[i] - seen[sl[i]];
-    grown[i] = (g < 0 || g > len[i]) ? len[i] : g;
-    seen[sl[i]] = len[i];
-  }
+  record_seen(sl, n, nullptr, step, lens.data(), fresh, last_step.mutable_data(), seen_len.mutable_data(),
+              out.mutable_data());
   return py::make_tuple(slots, out, reports);
 }
 

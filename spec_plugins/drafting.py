@@ -157,21 +157,20 @@ class DraftingLayer:
             raise ValueError(f"{self.who}: {exc}") from None
         if known is not None:
             slots, grown, reports = known
-            if self._times_steps:
-                self._time_step(n, None, present)
-            if reports is not None and len(reports[0]):
-                self._report(req_ids, *reports)
+            new = None
         else:  # some request is new: slots are created first
             if len(set(req_ids)) != n:
                 raise ValueError(f"{self.who}: a request id appears twice in one step")
             slots, new = ledger.lookup(req_ids)
-            if self._times_steps:
-                self._time_step(n, new, present)
-            if accepted is not None:
-                self._observe(slots, req_ids, accepted)
+            # Each draft is reported once (see verified).
+            reports = None if accepted is None else _columns.ledger_reports(slots, accepted, ledger["drafted"])
             # First sight, or a context that shrank (recomputed): the whole context is new.
             grown = _columns.ledger_seen(slots, new, self.step_count, lens, num_new,
                                          ledger["last_step"], ledger["seen_len"])
+        if self._times_steps:
+            self._time_step(n, new, present)
+        if reports is not None and len(reports[0]):
+            self._report(req_ids, *reports)
         if len(ledger) > n + self.touch(present):  # some tracked request is absent from this step
             self.sweep()
         caps = np.asarray(max_draft, dtype=np.int64)
@@ -196,7 +195,10 @@ class DraftingLayer:
         if not known.all():
             req_ids = [r for r, k in zip(req_ids, known) if k]
             slots, accepted = slots[known], accepted[known]
-        self._observe(slots, req_ids, accepted)
+        # Each draft is reported once, with what was accepted capped at what was drafted.
+        rows, drafted, acc = _columns.ledger_reports(slots, accepted, self._ledger["drafted"])
+        if len(rows):
+            self._report(req_ids, rows, drafted, acc)
 
     def touch(self, req_ids: Sequence[ReqId]) -> int:
         """These requests are in the engine's batch without drafting this step: keep them fresh.
@@ -244,12 +246,6 @@ class DraftingLayer:
         if self._timed_at is not None and n == self._timed_n and not present and (new is None or not new.any()):
             self.policy.observe_step_interval(now - self._timed_at)
         self._timed_at, self._timed_n = now, -1 if present else n
-
-    def _observe(self, slots: np.ndarray, req_ids: Sequence[ReqId], accepted: np.ndarray) -> None:
-        # Each draft is reported once, with what was accepted capped at what was drafted.
-        rows, drafted, acc = _columns.ledger_reports(slots, accepted, self._ledger["drafted"])
-        if len(rows):
-            self._report(req_ids, rows, drafted, acc)
 
     def _report(self, req_ids: Sequence[ReqId], rows: np.ndarray, drafted: np.ndarray, acc: np.ndarray) -> None:
         # rows are increasing: all of them is every request (the usual step)

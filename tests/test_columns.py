@@ -70,6 +70,7 @@ def test_lookup_slots_and_the_ledger_reports():
                                  None, last, seen)
     assert grown.tolist() == [2, 8, 5] and last.tolist() == [0, 7, 7, 7] and seen.tolist() == [0, 12, 8, 5]
     assert _columns.first_over(np.array([1, 4, 2]), np.array([1, 3, 1])) == 1
+    assert _columns.count_and_sum(np.array([0, 3, 0, 5])) == (2, 8)
 
 
 @settings(max_examples=200, deadline=None)

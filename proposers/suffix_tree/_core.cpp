@@ -355,8 +355,7 @@ class PyCache {
   void set_parallel(long long workers, long long parallel_from, long long interleave) {
     if (workers < -1 || workers > 256) throw py::value_error("threads: expected -1 (auto), 0 (off) or up to 256");
     if (parallel_from < 1) throw py::value_error("parallel_from: expected an integer >= 1");
-    if (interleave < 1 || interleave > 32) throw py::value_error("interleave: expected 1 to 32 requests");
-    cache_.set_interleave(size_t(interleave));
+    cache_.set_interleave(interleave);
     workers_ = workers < 0 ? spec_plugins::default_workers() : int(workers);
     parallel_from_ = size_t(parallel_from);
     pool_.reset();

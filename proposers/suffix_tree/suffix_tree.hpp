@@ -1011,9 +1011,10 @@ class Cache {
 
   // Requests whose appends a batched step interleaves (1: none): the drafts are the same whatever it is.
   static constexpr size_t kMaxGroup = 32;
-  void set_interleave(size_t group) {
-    if (group < 1 || group > kMaxGroup) throw std::invalid_argument("interleave: expected 1 to 32 requests");
-    group_ = group;
+  void set_interleave(long long group) {
+    if (group < 1 || group > (long long)kMaxGroup)
+      throw std::invalid_argument("interleave: expected 1 to " + std::to_string(kMaxGroup) + " requests");
+    group_ = size_t(group);
   }
 
  private:

@@ -33,7 +33,6 @@ from typing import Any, Hashable, Literal, Sequence
 import numpy as np
 import pydantic
 
-from spec_plugins import _columns
 from spec_plugins.core import BatchDrafts, Draft, DraftBatch, DraftRequest
 from spec_plugins.policy.acceptance import ConfidenceCalibrator, HistoryEstimator, _observe
 from spec_plugins.policy.allocator import StepCost, _walk, allocate_batch, curve_source
@@ -160,7 +159,7 @@ class AdaptiveLength:
         n = len(drafted)
         if self._curves_of is not self.cost:  # resolved once per cost model
             self._curves_of, self._curves = self.cost, curve_source(self.cost)
-        curves = None if self._curves is None else self._curves(n, n + _columns.count_and_sum(drafted)[1] + 1, context)
+        curves = None if self._curves is None else self._curves(n, n + len(drafts.tokens) + 1, context)
         extra = self.step_fit.offset(lowest=-np.inf)
         if extra < 0.0:
             extra = max(extra, -self.options.max_offset_cut * self.cost.step_time(np.zeros(n, np.int64), context))
