@@ -18,6 +18,8 @@ from spec_plugins.policy.cost import step_cost
 from spec_plugins.policy.measured import MeasuredCost
 
 H200_PROFILE = Path(__file__).resolve().parents[1] / "benchmarks" / "profiles" / "h200-llama-3.1-8b-stack.json"
+# vLLM-CPU + SmolLM2 at contexts 256 and 2,048: each request priced at its own context
+CPU_CONTEXTS = H200_PROFILE.with_name("vllm-cpu-smollm2-135m-ctx256-2048.json")
 
 
 class JaggedCost:
@@ -39,6 +41,12 @@ def costs():
     yield "jagged", JaggedCost()
     yield "roofline-h200", step_cost(hardware="h200", model="llama-3.1-8b")
     yield "measured-h200", MeasuredCost(str(H200_PROFILE))
+
+
+def curve_costs():
+    """The cost models that expose their curves to the compiled walk."""
+    yield from list(costs())[1:]
+    yield "measured-cpu-contexts", MeasuredCost(str(CPU_CONTEXTS))
 
 
 def random_step(rng, batch, max_len):
@@ -178,7 +186,7 @@ def test_compiled_walk_equals_the_numpy_walk():
 
     assert allocator._walk is not None, "spec_plugins.policy._walk is not built"
     rng = np.random.default_rng(5)
-    for name, cost in list(costs())[1:]:  # the two cost models that expose their curves
+    for name, cost in curve_costs():
         for trial in range(200):
             batch = int(rng.choice([1, 3, 16, 256]))
             surv, context = random_step(rng, batch, int(rng.choice([4, 16, 40])))
@@ -192,6 +200,30 @@ def test_compiled_walk_equals_the_numpy_walk():
             args = (dense, lengths, np.array(context), cost)
             assert np.array_equal(allocate_batch(*args, **kwargs), allocate_batch(*args, **kwargs, compiled=False)), \
                 (name, trial, kwargs)
+
+
+def test_the_walk_reads_each_requests_context_as_step_time_does():
+    """With a profile at several contexts, the step times along the ranking are cost.step_time of each prefix
+    allocation, every request at its own context; and a short request keeps more than a long one of the same
+    survivals."""
+    from spec_plugins.policy.allocator import _verify_times
+
+    cost = MeasuredCost(str(CPU_CONTEXTS), draft_us_per_request=0)
+    rng = np.random.default_rng(11)
+    for trial in range(30):
+        n = int(rng.choice([1, 3, 8, 32]))
+        lengths = rng.integers(0, 6, size=n)
+        rows_of = rng.permutation(np.repeat(np.arange(n), lengths))
+        context = rng.integers(1, 5000, size=n)
+        times = _verify_times(cost, n, rows_of, np.zeros(len(rows_of), dtype=np.int64), context)
+        for k in range(len(rows_of) + 1):
+            drafts = np.bincount(rows_of[:k], minlength=n)
+            assert times[k] == pytest.approx(cost.step_time(drafts, context), rel=1e-12), (trial, k)
+    surv = np.cumprod(np.full((8, 15), 0.85), axis=1)
+    context = np.array([200] * 4 + [2000] * 4)
+    for compiled in (True, False):
+        kept = allocate_batch(surv, np.full(8, 15), context, cost, compiled=compiled)
+        assert kept[:4].min() > kept[4:].max(), kept
 
 
 def observe_in_pieces(policy, req_ids, drafted, accepted):
@@ -212,7 +244,7 @@ def observe_in_pieces(policy, req_ids, drafted, accepted):
                                     idx, policy.options.history_decay)
 
 
-@pytest.mark.parametrize("name,cost", list(costs())[1:], ids=lambda x: x if isinstance(x, str) else "")
+@pytest.mark.parametrize("name,cost", list(curve_costs()), ids=lambda x: x if isinstance(x, str) else "")
 def test_one_call_trim_and_observe_equal_the_compiled_pieces(name, cost, monkeypatch):
     """One compiled call per trim (policy/_walk.cpp trim_step) and per observe (_observe.cpp observe_step)
     against the separate compiled pieces (calibrated_survival, the allocator's walk, history_observe,

@@ -310,10 +310,51 @@ def test_measured_cost_reads_the_steps_mean_context():
         assert two.batch_time(batch, rows, 3840.0) == pytest.approx(3.0 * base)  # the trend beyond
         curve = two.batch_curve(batch, rows + 3, 1152.0)
         assert curve[: rows + 1].tolist() == pytest.approx([two.batch_time(batch, r, 1152.0) for r in range(rows + 1)])
-    # step_time reads the requests' mean context; a one-context profile ignores it
+    # equal drafts: step_time is the profile read at the requests' mean context; a one-context profile ignores it
     assert two.step_time([1, 1], [1000, 3096]) - two.draft_time([1, 1]) == pytest.approx(two.batch_time(2, 4, 2048.0))
     assert one.step_time([1, 1], [1000, 3096]) - one.draft_time([1, 1]) == pytest.approx(one.batch_time(2, 4))
-    assert one.mean_context([5000]) is None and two.mean_context([10, 30]) == 20.0
+    assert not one.has_contexts and two.has_contexts
+
+
+def brute_force_step(cost, drafts, contexts):
+    """The per-request model written out: the reference step, each request's weight on the longer contexts
+    times its share of their extra time (an equal share of the base step, its own drafted rows' share)."""
+    import numpy as np
+
+    n, rows = len(drafts), len(drafts) + sum(drafts)
+    own = {k: v for k, v in cost.profile.items() if k != "contexts"}  # the shortest context here
+    alone = [MeasuredCost(own)] + [MeasuredCost({**own, **c}) for c in cost.profile["contexts"]]
+    ctx = [a.profile["context_len"] for a in alone]
+    total = alone[0].batch_time(n, rows)
+    for r, (d, c) in enumerate(zip(drafts, contexts)):
+        i = min(max(int(np.searchsorted(ctx, c)), 1), len(ctx) - 1)
+        w = 0.0 if c <= ctx[0] else (c - ctx[i - 1]) / (ctx[i] - ctx[i - 1])
+        for g, weight in ((i - 1, 1.0 - w), (i, w)):
+            if g == 0 or weight == 0.0:
+                continue
+            delta = np.maximum.accumulate([max(0.0, alone[g].batch_time(n, x) - alone[0].batch_time(n, x))
+                                           for x in range(rows + 1)])
+            total += weight * delta[n] / n
+            if rows > n:
+                total += weight * d * (delta[rows] - delta[n]) / (rows - n)
+    return total
+
+
+def test_measured_cost_prices_each_request_at_its_own_context():
+    from spec_plugins.policy.measured import add_context
+
+    data = add_context(GRID, at_context(GRID, 2048, 1.0))
+    for p in data["contexts"][0]["points"]:  # at 2048 a step costs 3 ms more a request, 2 ms more a draft row
+        p["step_ms"] += 3.0 * p["batch"] + 2.0 * p["batch"] * p["draft"]
+    cost = MeasuredCost(data, draft_us_per_request=0)
+    short, long_ = 256, 2048
+    for drafts, contexts in (([3, 0], [short, long_]), ([0, 3], [short, long_]), ([2, 1, 0, 1], [100, 900, 3000, 2048]),
+                             ([1, 1], [1000, 3096]), ([0, 0], [short, long_])):
+        assert cost.step_time(drafts, contexts) == pytest.approx(brute_force_step(cost, drafts, contexts))
+    # the same three drafted rows cost less on the short request than on the long one
+    assert cost.step_time([3, 0], [short, long_]) < cost.step_time([0, 3], [short, long_])
+    assert cost.step_time([0, 3], [short, long_]) - cost.step_time([0, 0], [short, long_]) == pytest.approx(
+        cost.step_time([0, 3], [long_, long_]) - cost.step_time([0, 0], [long_, long_]))
 
 
 def test_allocator_prices_tokens_over_long_contexts_dearer_on_both_walks():

@@ -89,16 +89,55 @@ std::vector<std::int32_t> descending_stable(const std::vector<double>& gain) {
   return idx;
 }
 
-// Attention parameters (RooflineCost.attention_params) from Python, or none (a measured profile's curve
-// includes attention).
-bool read_attention(const py::object& obj, Attention& att, i64& context, py::ssize_t n) {
-  if (obj.is_none()) return false;
+// MeasuredCost.context_terms: each request's context priced on its own. After admitting k drafted rows whose
+// requests' weights on the longer profiled contexts sum to W_g, the step costs the reference curve at n + k
+// plus base + sum_g W_g (delta_g[n + k] - delta_g[n]) / k.
+struct ContextCost {
+  double base;
+  const double* delta;  // [grids, len]
+  py::ssize_t grids, len;
+  const double* alpha;  // [n, grids]
+  // The extra seconds over the reference curve with weights W after k admissions (k >= 1), n requests.
+  double extra(const std::vector<double>& W, py::ssize_t n, std::size_t k) const {
+    double e = base;
+    for (py::ssize_t g = 0; g < grids; ++g) {
+      const double* dg = delta + g * len;
+      e += W[g] * ((dg[n + k] - dg[n]) / double(k));
+    }
+    return e;
+  }
+};
+
+// The cost model's extra terms from Python: none (a measured profile at one context: its curve includes
+// attention), the roofline's attention parameters (RooflineCost.attention_params, + the context lengths), or
+// ("per_request", base, delta, alpha) from MeasuredCost.context_terms. The arrays stay alive in the holders.
+struct Extras {
+  bool has_attention = false, has_contexts = false;
+  Attention att{};
+  i64 context;
+  ContextCost cc{};
+  f64 delta, alpha;
+};
+
+void read_extras(const py::object& obj, Extras& x, py::ssize_t n) {
+  if (obj.is_none()) return;
   py::tuple t = obj.cast<py::tuple>();
-  att = Attention{t[0].cast<double>(), t[1].cast<double>(), t[2].cast<double>(), t[3].cast<double>(),
-                  t[4].cast<double>(), t[5].cast<double>(), t[6].cast<std::int64_t>(), t[7].cast<std::int64_t>()};
-  context = t[8].cast<i64>();
-  if (context.ndim() != 1 || context.shape(0) != n) throw py::value_error("allocate: one context length per request");
-  return true;
+  if (py::isinstance<py::str>(t[0])) {
+    if (t[0].cast<std::string>() != "per_request" || t.size() != 4)
+      throw py::value_error("allocate: expected ('per_request', base, delta, alpha) context terms");
+    x.delta = t[2].cast<f64>();
+    x.alpha = t[3].cast<f64>();
+    if (x.delta.ndim() != 2 || x.alpha.ndim() != 2 || x.alpha.shape(0) != n || x.alpha.shape(1) != x.delta.shape(0))
+      throw py::value_error("allocate: context terms of different shapes (delta [grids, rows], alpha [n, grids])");
+    x.cc = ContextCost{t[1].cast<double>(), x.delta.data(), x.delta.shape(0), x.delta.shape(1), x.alpha.data()};
+    x.has_contexts = true;
+    return;
+  }
+  x.att = Attention{t[0].cast<double>(), t[1].cast<double>(), t[2].cast<double>(), t[3].cast<double>(),
+                    t[4].cast<double>(), t[5].cast<double>(), t[6].cast<std::int64_t>(), t[7].cast<std::int64_t>()};
+  x.context = t[8].cast<i64>();
+  if (x.context.ndim() != 1 || x.context.shape(0) != n) throw py::value_error("allocate: one context length per request");
+  x.has_attention = true;
 }
 
 struct Search {
@@ -112,8 +151,10 @@ struct Search {
 
 // allocate_batch's walk on a dense survival matrix S [n, width]: writes each request's kept length.
 void walk_into(const double* S, py::ssize_t n, py::ssize_t width, const std::int64_t* L, const Search& q,
-               const double* C, py::ssize_t curve_len, const Attention* att, const std::int64_t* ctx,
-               std::int64_t* out) {
+               const double* C, py::ssize_t curve_len, const Extras& x, std::int64_t* out) {
+  const Attention* att = x.has_attention ? &x.att : nullptr;
+  const std::int64_t* ctx = x.has_attention ? x.context.data() : nullptr;
+  const ContextCost* cc = x.has_contexts ? &x.cc : nullptr;
   // Candidates in (request, position) order; a survival that rises along a draft is refused.
   std::vector<std::int32_t> row, pos;
   std::vector<double> gain;
@@ -138,7 +179,9 @@ void walk_into(const double* S, py::ssize_t n, py::ssize_t width, const std::int
   const std::vector<std::int32_t> order = descending_stable(gain);
   std::size_t m = order.size();
   if (q.budget >= 0 && std::size_t(q.budget) < m) m = std::size_t(q.budget);
-  if (curve_len < py::ssize_t(n + m + 1)) throw py::value_error("allocate: the cost curve is shorter than the rows of this step");
+  if (curve_len < py::ssize_t(n + m + 1) || (cc && cc->len < py::ssize_t(n + m + 1)))
+    throw py::value_error("allocate: the cost curve is shorter than the rows of this step");
+  std::vector<double> W(cc ? cc->grids : 0, 0.0);  // running sums of the admitted rows' context weights
 
   double attn_total = 0.0;
   std::vector<char> opens;  // opens[j]: draft row j + 1 starts another attention tile
@@ -152,7 +195,7 @@ void walk_into(const double* S, py::ssize_t n, py::ssize_t width, const std::int
     return q.has_rate ? tau - q.rate * time : tau / time;
   };
   double tau = double(n);
-  double best = theta_at(tau, att ? C[n] + attn_total : C[n]);
+  double best = theta_at(tau, att ? C[n] + attn_total : cc ? C[n] + cc->base : C[n]);
   double prev = best;
   std::size_t best_k = 0;
   for (std::size_t k = 1; k <= m; ++k) {
@@ -163,7 +206,15 @@ void walk_into(const double* S, py::ssize_t n, py::ssize_t width, const std::int
       // One more draft row costs attention only when it opens another query tile (else it adds 0.0).
       if (opens[j]) attn_total += att->at(j + 1, length) - att->at(j, length);
     }
-    const double theta = theta_at(tau, att ? C[n + k] + attn_total : C[n + k]);
+    double verify = C[n + k];
+    if (att) {
+      verify += attn_total;
+    } else if (cc) {
+      const double* a = cc->alpha + std::size_t(row[c]) * cc->grids;
+      for (py::ssize_t g = 0; g < cc->grids; ++g) W[g] += a[g];
+      verify += cc->extra(W, n, k);
+    }
+    const double theta = theta_at(tau, verify);
     if (q.greedy) {
       if (theta <= prev) break;  // nothing after the first non-improvement is read
       prev = theta;
@@ -183,13 +234,12 @@ i64 walk(f64 survival, i64 lengths_in, double sunk, bool greedy, double min_gain
   const py::ssize_t n = survival.shape(0), width = survival.shape(1);
   if (lengths_in.ndim() != 1 || lengths_in.shape(0) != n) throw py::value_error("allocate: one length per request");
   if (curve_in.ndim() != 1) throw py::value_error("allocate: the cost curve must be 1-D");
-  Attention att{};
-  i64 context;
-  const bool has_attention = read_attention(attention_obj, att, context, n);
+  Extras extras;
+  read_extras(attention_obj, extras, n);
   const Search q{sunk, greedy, min_gain, !rate_obj.is_none(), rate_obj.is_none() ? 0.0 : rate_obj.cast<double>(), budget};
   i64 out(n);
-  walk_into(survival.data(), n, width, lengths_in.data(), q, curve_in.data(), curve_in.shape(0),
-            has_attention ? &att : nullptr, has_attention ? context.data() : nullptr, out.mutable_data());
+  walk_into(survival.data(), n, width, lengths_in.data(), q, curve_in.data(), curve_in.shape(0), extras,
+            out.mutable_data());
   return out;
 }
 
@@ -328,14 +378,12 @@ py::tuple trim_step(py::object conf_obj, i64 offsets, i64 drafted, py::object hi
       }
     }
   }
-  Attention att{};
-  i64 context;
-  const bool has_attention = read_attention(attention_obj, att, context, n);
+  Extras extras;
+  read_extras(attention_obj, extras, n);
   const Search q{sunk, greedy, min_gain, !rate_obj.is_none(), rate_obj.is_none() ? 0.0 : rate_obj.cast<double>(), budget};
   i64 out(n);
   std::int64_t* len = out.mutable_data();
-  walk_into(surv.data(), n, width, usable.data(), q, curve.data(), curve.shape(0), has_attention ? &att : nullptr,
-            has_attention ? context.data() : nullptr, len);
+  walk_into(surv.data(), n, width, usable.data(), q, curve.data(), curve.shape(0), extras, len);
 
   // Expected tokens and modelled time of the kept drafts, summed as the numpy path sums them.
   std::vector<double> kept_surv(n * width, 0.0);
@@ -345,9 +393,16 @@ py::tuple trim_step(py::object conf_obj, i64 offsets, i64 drafted, py::object hi
     for (std::int64_t j = 0; j < len[r]; ++j) kept_surv[r * width + j] = surv[r * width + j];
   }
   const double tau = double(n) + numpy_sum(kept_surv.data(), kept_surv.size());
-  double attention = 0.0;
-  if (has_attention)
-    for (py::ssize_t r = 0; r < n; ++r) attention += att.at(len[r], context.data()[r]);
+  double attention = 0.0;  // what the step pays beyond the curve: attention, or the contexts' extra
+  if (extras.has_attention)
+    for (py::ssize_t r = 0; r < n; ++r) attention += extras.att.at(len[r], extras.context.data()[r]);
+  if (extras.has_contexts) {
+    const ContextCost& cc = extras.cc;
+    std::vector<double> W(cc.grids, 0.0);
+    for (py::ssize_t r = 0; r < n; ++r)
+      for (py::ssize_t g = 0; g < cc.grids; ++g) W[g] += cc.alpha[r * cc.grids + g] * double(len[r]);
+    attention = rows > n ? cc.extra(W, n, std::size_t(rows - n)) : cc.base;
+  }
   if (rows >= curve.shape(0)) throw py::value_error("allocate: the cost curve is shorter than the rows of this step");
   const double linear = curve.data()[rows];
 

@@ -37,8 +37,8 @@ class StepCost(Protocol):
     requests' attention_time (a measured profile knows it directly). The vectorised forms
     `batch_times(batch, rows_array)`, `linear_times(rows_array)` and `attention_times(draft_lens,
     context_lens)` (same values element by element, see `VectorStepCost`) save a Python call per candidate.
-    With `mean_context(context_lens)` the batch forms take that as a third argument (a measured profile at
-    several context lengths)."""
+    With `has_contexts` true, `context_terms(batch, size, context_lens)` prices each request at its own context
+    (a measured profile at several context lengths; MeasuredCost)."""
 
     overhead_s: float
 
@@ -185,8 +185,11 @@ def curve_source(cost: StepCost) -> Callable[[int, int, np.ndarray], tuple] | No
     if hasattr(cost, "batch_time"):
         if not hasattr(cost, "batch_curve"):
             return None
-        if hasattr(cost, "mean_context"):  # a profile at several contexts: read at the step's mean
-            return lambda n, size, context: (cost.batch_curve(n, size, cost.mean_context(context)), None)
+        if getattr(cost, "has_contexts", False):  # a profile at several contexts: each request at its own
+            def per_request(n: int, size: int, context: np.ndarray) -> tuple:
+                curve, base, delta, alpha = cost.context_terms(n, size, context)
+                return curve, ("per_request", base, delta, alpha)
+            return per_request
         return lambda n, size, context: (cost.batch_curve(n, size), None)
     if hasattr(cost, "linear_curve") and hasattr(cost, "attention_params"):
         return lambda n, size, context: (cost.linear_curve(size), (*cost.attention_params(), context))
@@ -205,8 +208,8 @@ def _verify_times(cost: StepCost, n: int, rows_of: np.ndarray, pos_of: np.ndarra
     # A measured profile knows the step time of n requests verifying `rows` tokens directly (its grid has
     # a batch axis); a model costs the tokens and each request's attention apart.
     if hasattr(cost, "batch_time"):
-        if hasattr(cost, "mean_context"):
-            return cost.batch_times(n, rows, cost.mean_context(context_lens))
+        if getattr(cost, "has_contexts", False):
+            return _per_request_times(cost, n, rows_of, context_lens)
         if hasattr(cost, "batch_times"):
             return cost.batch_times(n, rows)
         return np.array([cost.batch_time(n, int(r)) for r in rows])
@@ -223,6 +226,19 @@ def _verify_times(cost: StepCost, n: int, rows_of: np.ndarray, pos_of: np.ndarra
         delta = _attention_times(cost, pos_of + 1, ctx) - _attention_times(cost, pos_of, ctx)
     totals = np.cumsum(np.concatenate(([float(sum(attention.tolist()))], delta)))
     return linear + totals
+
+
+def _per_request_times(cost: StepCost, n: int, rows_of: np.ndarray, context_lens: np.ndarray) -> np.ndarray:
+    # MeasuredCost.context_terms: after k admissions whose requests' weights sum to W_g, the reference curve
+    # plus the base share plus Σ_g W_g · (Δ_g[n + k] - Δ_g[n]) / k (the compiled walk's operations, in order).
+    m = len(rows_of)
+    curve, base, delta, alpha = cost.context_terms(n, n + m + 1, context_lens)
+    weights = np.cumsum(np.concatenate((np.zeros((1, alpha.shape[1])), alpha[rows_of]), axis=0), axis=0)
+    k = np.arange(1, m + 1, dtype=np.float64)
+    extra = np.full(m + 1, base)
+    for g in range(alpha.shape[1]):
+        extra[1:] = extra[1:] + weights[1:, g] * ((delta[g, n + 1 : n + m + 1] - delta[g, n]) / k)
+    return curve[n : n + m + 1] + extra
 
 
 def _attention_times(cost: StepCost, draft_lens: np.ndarray, context_lens: np.ndarray) -> np.ndarray:

@@ -24,9 +24,19 @@ accepted_per_step (optional) are vLLM's spec-decode metrics over the timed runs:
 accepted tokens per request-step (null without speculation); drafted_per_step ≈ draft shows that the
 engine verified what was drafted. How the steps are timed is in `spec_plugins.policy.profile`.
 
-With `contexts`, a step's cost also depends on its requests' mean context length: linear between the
-profiled context lengths, flat below the smallest, extended beyond the largest by the last two's trend (never
-cheaper), so verified tokens over long contexts pay the attention a profile at one context leaves out.
+With `contexts`, a step's cost also depends on each request's context length, so verified tokens over long
+contexts pay the attention a profile at one context leaves out. The shortest profiled context is the
+reference; every longer one adds its extra time over the reference, Δ_g(batch, rows), made never cheaper for
+a longer context or for more rows. A request weighs the Δ_g of the two profiled contexts around its own
+linearly (nothing below the reference, the last two's trend beyond the longest), and a step of B requests
+drafting d_r tokens (R = B + Σ d_r rows) costs
+
+    T_ref(B, R) + Σ_g [ mean_r α_rg · Δ_g(B, B) + (Σ_r α_rg d_r) · (Δ_g(B, R) - Δ_g(B, B)) / (R - B) ]
+
+with α_rg request r's weight on context g: the batch's share of the base step by its requests' mean weight,
+the drafted rows' share by whose rows they are. With every request at one context this is the profile
+read at that context; with short and long requests mixed, a token drafted over a short context is priced
+as short, not at the batch's mean.
 
 `MeasuredCost(profile)` turns a profile into the step-cost interface of the allocator and planner
 (`spec_plugins.policy.allocator.StepCost`), the same names as the roofline model in `cost.py`.
@@ -226,16 +236,6 @@ def _grid(points: list[dict]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     return grid
 
 
-def _blend(lo, hi, w: float):
-    """(1 - w)·lo + w·hi between two contexts' costs; beyond the larger context (w > 1) the trend is never
-    cheaper, and a blended curve stays non-decreasing in rows."""
-    if w > 1.0:
-        out = hi + (w - 1.0) * np.maximum(np.asarray(hi) - lo, 0.0)
-    else:
-        out = (1.0 - w) * np.asarray(lo) + w * np.asarray(hi)
-    return np.maximum.accumulate(out) if np.ndim(out) else float(out)
-
-
 class MeasuredCost:
     """Step cost read off a measured profile (seconds), with the allocator's `StepCost` interface.
 
@@ -243,9 +243,9 @@ class MeasuredCost:
     grid read at the mean draft rows / B - 1, interpolated between the measured batch sizes. Both axes
     matter: 256 tokens as B = 256, D = 0 read 256 KV caches, as B = 16, D = 15 only 16 (18.5 ms against
     9.3 ms on the H200 profile), and on a CPU a bigger batch can be cheaper per token. Attention at the
-    profiled context length is inside the measured times; with the profile's `contexts` the grid is read
-    at the requests' mean context, blended between the profiled ones. `linear_time(rows)` (medians by token
-    count, for callers that do not know the batch) remains.
+    profiled context length is inside the measured times; with the profile's `contexts` each request adds
+    the extra time of its own context (module docstring). `linear_time(rows)` (medians by token count, for
+    callers that do not know the batch) remains.
     """
 
     class Options(pydantic.BaseModel):
@@ -285,31 +285,65 @@ class MeasuredCost:
         self.batches = self._grid_batches[0]  # the profile's own context's
         self._by_context = sorted(range(len(grids)), key=self.context_lens.__getitem__)  # grids by context
         self._sorted_contexts = [self.context_lens[g] for g in self._by_context]
-        self._batch_cache: dict[tuple[int, float, int], float] = {}  # (batch, rows, grid)
+        self._batch_cache: dict[tuple[int, float], float] = {}  # (batch, rows) at the profile's own context
+        self._deltas: dict[int, np.ndarray] = {}  # batch size -> delta_curves
         self._curves: dict[tuple[int, int], np.ndarray] = {}  # (batch size, grid) -> batch_time at rows 0, 1, ...
 
-    def _context_weights(self, context: float | None) -> list[tuple[int, float]]:
-        """(grid, weight) pairs whose weighted sum is the cost at mean context `context` (None: the profile's)."""
-        if context is None or len(self._grids) == 1:
-            return [(0, 1.0)]
-        order, ctx = self._by_context, self._sorted_contexts
-        if context <= ctx[0]:
-            return [(order[0], 1.0)]
-        i = min(int(np.searchsorted(ctx, context)), len(ctx) - 1)  # beyond the largest: the last two's trend
-        w = (context - ctx[i - 1]) / (ctx[i] - ctx[i - 1])
-        return [(order[i - 1], 1.0 - w), (order[i], w)]
+    @property
+    def has_contexts(self) -> bool:
+        """Whether the profile has several context lengths (then a request's context changes its cost)."""
+        return len(self._grids) > 1
+
+    def context_weights(self, context_lens: Sequence[int] | np.ndarray) -> np.ndarray:
+        """α [n, G - 1]: each request's weight on the profiled contexts longer than the reference (shortest),
+        in increasing order: (1 - w, w) on the two around its context, w > 1 beyond the longest."""
+        c = np.asarray(context_lens, dtype=np.float64)
+        ctx = np.asarray(self._sorted_contexts, dtype=np.float64)
+        g = len(ctx)
+        alpha = np.zeros((len(c), g))
+        if g > 1 and len(c):
+            i = np.clip(np.searchsorted(ctx, c), 1, g - 1)
+            w = np.where(c <= ctx[0], 0.0, (c - ctx[i - 1]) / (ctx[i] - ctx[i - 1]))
+            rows = np.arange(len(c))
+            alpha[rows, i] = w
+            alpha[rows, i - 1] += 1.0 - w
+        return np.ascontiguousarray(alpha[:, 1:])
+
+    def delta_curves(self, batch: int, size: int) -> np.ndarray:
+        """Δ [G - 1, >= size]: each longer context's extra step time over the reference at rows 0, 1, ...,
+        never below a shorter context's nor below its own at fewer rows."""
+        hit = self._deltas.get(batch)
+        if hit is None or hit.shape[1] < size:
+            order = self._by_context
+            curves = [self._grid_curve(g, batch, size) for g in order]
+            m = min(len(c) for c in curves)
+            delta = np.maximum(np.stack([c[:m] for c in curves[1:]]) - curves[0][:m], 0.0)
+            delta = np.maximum.accumulate(np.maximum.accumulate(delta, axis=0), axis=1)
+            hit = self._deltas[batch] = np.ascontiguousarray(delta)
+        return hit
+
+    def context_terms(self, batch: int, size: int, context_lens: Sequence[int] | np.ndarray
+                      ) -> tuple[np.ndarray, float, np.ndarray, np.ndarray]:
+        """(reference curve by rows, base extra seconds, Δ curves, α): a step's cost with per-request contexts,
+        as the allocator's walk reads it. After admitting k drafted rows whose α sum to W_g it costs
+        curve[B + k] + base + Σ_g W_g (Δ_g[B + k] - Δ_g[B]) / k."""
+        delta = self.delta_curves(batch, size)
+        curve = self._grid_curve(self._by_context[0], batch, size)
+        alpha = self.context_weights(context_lens)
+        base = float(np.dot(alpha.sum(axis=0) / batch, delta[:, batch])) if len(alpha) else 0.0
+        return curve, base, delta, alpha
 
     def batch_time(self, batch: int, rows: float, context: float | None = None) -> float:
-        """Step time (s) of `batch` requests verifying `rows` tokens in all (drafting excluded), at mean
-        context length `context` (None: the profile's context_len)."""
-        weights = self._context_weights(context)
-        if len(weights) == 2:  # a step's own mean context: not kept (there is one per step)
-            g0, g1 = weights[0][0], weights[1][0]
-            return _blend(self._grid_time(g0, batch, rows), self._grid_time(g1, batch, rows), weights[1][1])
-        key = (batch, rows, weights[0][0])
+        """Step time (s) of `batch` requests verifying `rows` tokens in all (drafting excluded), all at context
+        length `context` (None: the profile's context_len)."""
+        if context is not None and self.has_contexts:
+            lo = int(np.floor(rows))
+            curve = self.batch_curve(batch, lo + 2, context)
+            return float(curve[lo] + (rows - lo) * (curve[lo + 1] - curve[lo]))
+        key = (batch, rows)
         hit = self._batch_cache.get(key)
         if hit is None:
-            hit = self._batch_cache[key] = self._grid_time(weights[0][0], batch, rows)
+            hit = self._batch_cache[key] = self._grid_time(0, batch, rows)
         return hit
 
     def _grid_time(self, g: int, batch: int, rows: float) -> float:
@@ -338,14 +372,13 @@ class MeasuredCost:
         return self.batch_curve(batch, int(rows.max()) + 1, context)[rows]
 
     def batch_curve(self, batch: int, size: int, context: float | None = None) -> np.ndarray:
-        """batch_time(batch, 0, context), batch_time(batch, 1, context), ...: at least `size` entries; the
-        curve of each profiled context is kept per batch size, a step's blend of two is not."""
-        weights = self._context_weights(context)
-        curves = [self._grid_curve(g, batch, size) for g, _ in weights]
-        if len(curves) == 1:
-            return curves[0]
-        n = min(len(curves[0]), len(curves[1]))
-        return _blend(curves[0][:n], curves[1][:n], weights[1][1])
+        """batch_time(batch, 0, context), batch_time(batch, 1, context), ...: at least `size` entries; each
+        profiled context's curve is kept per batch size, a blend of them is not."""
+        if context is None or not self.has_contexts:
+            return self._grid_curve(0, batch, size)
+        delta = self.delta_curves(batch, size)
+        curve = self._grid_curve(self._by_context[0], batch, size)[: delta.shape[1]]
+        return curve + self.context_weights([context])[0] @ delta
 
     def _grid_curve(self, g: int, batch: int, size: int) -> np.ndarray:
         curve = self._curves.get((batch, g))
@@ -415,13 +448,17 @@ class MeasuredCost:
     def _verify_time(self, draft_lens: Sequence[int], context_lens: Sequence[int]) -> float:
         if len(draft_lens) != len(context_lens):
             raise ValueError(f"step_time: {len(draft_lens)} draft lengths for {len(context_lens)} context lengths")
-        if len(draft_lens) == 0:
+        n = len(draft_lens)
+        if n == 0:
             return 0.0
-        rows = int(np.sum(1 + np.asarray(draft_lens, dtype=np.int64)))
-        return self.overhead_s + self.batch_time(len(draft_lens), rows, self.mean_context(context_lens))
-
-    def mean_context(self, context_lens: Sequence[int] | np.ndarray) -> float | None:
-        """The context the cost is read at: the requests' mean, where the profile has several contexts."""
-        if len(self._grids) == 1 or len(context_lens) == 0:
-            return None
-        return float(np.mean(context_lens))
+        d = np.asarray(draft_lens, dtype=np.int64)
+        rows = n + int(d.sum())
+        if not self.has_contexts:
+            return self.overhead_s + self.batch_time(n, rows)
+        curve, base, delta, alpha = self.context_terms(n, rows + 1, context_lens)
+        extra = base
+        if rows > n:  # the drafted rows' share, by whose rows they are (summed in order, as the walk does)
+            for g in range(alpha.shape[1]):
+                weight = float(np.cumsum(alpha[:, g] * d)[-1])
+                extra += weight * ((delta[g, rows] - delta[g, n]) / float(rows - n))
+        return self.overhead_s + float(curve[rows]) + extra
