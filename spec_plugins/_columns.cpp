@@ -184,28 +184,33 @@ py::ssize_t take_reports(const std::int64_t* sl, const std::int64_t* acc, py::ss
   return k;
 }
 
-// The first m entries of each as int64 arrays: (rows, drafted, accepted).
-py::tuple reports_of(const std::vector<std::int64_t>& r, const std::vector<std::int64_t>& dd,
+// The reported requests' ids (items[r[k]], the same objects) and the first m drafted and accepted counts as
+// int64 arrays: (ids, drafted, accepted), what the policy's observe_batch takes.
+py::tuple reports_of(PyObject** items, const std::vector<std::int64_t>& r, const std::vector<std::int64_t>& dd,
                      const std::vector<std::int64_t>& aa, py::ssize_t m) {
-  i64 rows(m), d(m), a(m);
-  std::copy(r.begin(), r.begin() + m, rows.mutable_data());
+  py::list ids(m);
+  for (py::ssize_t k = 0; k < m; ++k) PyList_SET_ITEM(ids.ptr(), k, py::handle(items[r[k]]).inc_ref().ptr());
+  i64 d(m), a(m);
   std::copy(dd.begin(), dd.begin() + m, d.mutable_data());
   std::copy(aa.begin(), aa.begin() + m, a.mutable_data());
-  return py::make_tuple(rows, d, a);
+  return py::make_tuple(ids, d, a);
 }
 
-// Verification results of the requests at `slots` (accepted: drafted tokens accepted in each one's last
-// verification, -1 where it is still pending): (rows, drafted, accepted) of the drafts to report, rows
-// into slots, accepted capped at what was drafted (a pad or a lucky token past the draft can "match");
-// their drafted entries are reset, so each draft is reported once.
-py::tuple ledger_reports(i64 slots, i64 accepted, i64 drafted_col) {
+// Verification results of the requests `req_ids` at `slots` (accepted: drafted tokens accepted in each one's
+// last verification, -1 where it is still pending): (ids, drafted, accepted) of the drafts to report,
+// accepted capped at what was drafted (a pad or a lucky token past the draft can "match"); their drafted
+// entries are reset, so each draft is reported once.
+py::tuple ledger_reports(py::sequence req_ids, i64 slots, i64 accepted, i64 drafted_col) {
+  py::object seq = py::reinterpret_steal<py::object>(PySequence_Fast(req_ids.ptr(), "req_ids: expected a sequence"));
+  if (!seq) throw py::error_already_set();
   const py::ssize_t n = slots.size(), capacity = drafted_col.size();
+  if (PySequence_Fast_GET_SIZE(seq.ptr()) != n) throw py::value_error("req_ids: expected one id per slot");
   if (accepted.size() != n) throw py::value_error("accepted: expected one count per request");
   const std::int64_t* sl = slots.data();
   check_slots(sl, n, capacity);
   std::vector<std::int64_t> r(n), dd(n), aa(n);
   const py::ssize_t m = take_reports(sl, accepted.data(), n, drafted_col.mutable_data(), r.data(), dd.data(), aa.data());
-  return reports_of(r, dd, aa, m);
+  return reports_of(PySequence_Fast_ITEMS(seq.ptr()), r, dd, aa, m);
 }
 
 // The ledger's step in one call when every id is already in `index` (the usual engine step): None, with
@@ -240,7 +245,7 @@ py::object ledger_step(py::dict index, py::sequence req_ids, long long step, i64
   if (acc) {
     std::vector<std::int64_t> r(n), dd(n), aa(n);
     const py::ssize_t m = take_reports(sl, acc, n, drafted_col.mutable_data(), r.data(), dd.data(), aa.data());
-    reports = reports_of(r, dd, aa, m);
+    reports = reports_of(items, r, dd, aa, m);
   }
   i64 out(n);
   record_seen(sl, n, nullptr, step, lens.data(), fresh, last_step.mutable_data(), seen_len.mutable_data(),

@@ -163,14 +163,15 @@ class DraftingLayer:
                 raise ValueError(f"{self.who}: a request id appears twice in one step")
             slots, new = ledger.lookup(req_ids)
             # Each draft is reported once (see verified).
-            reports = None if accepted is None else _columns.ledger_reports(slots, accepted, ledger["drafted"])
+            reports = None if accepted is None else _columns.ledger_reports(req_ids, slots, accepted,
+                                                                             ledger["drafted"])
             # First sight, or a context that shrank (recomputed): the whole context is new.
             grown = _columns.ledger_seen(slots, new, self.step_count, lens, num_new,
                                          ledger["last_step"], ledger["seen_len"])
         if self._times_steps:
             self._time_step(n, new, present)
         if reports is not None and len(reports[0]):
-            self._report(req_ids, *reports)
+            self._report(*reports)
         if len(ledger) > n + self.touch(present):  # some tracked request is absent from this step
             self.sweep()
         caps = np.asarray(max_draft, dtype=np.int64)
@@ -196,9 +197,9 @@ class DraftingLayer:
             req_ids = [r for r, k in zip(req_ids, known) if k]
             slots, accepted = slots[known], accepted[known]
         # Each draft is reported once, with what was accepted capped at what was drafted.
-        rows, drafted, acc = _columns.ledger_reports(slots, accepted, self._ledger["drafted"])
-        if len(rows):
-            self._report(req_ids, rows, drafted, acc)
+        ids, drafted, acc = _columns.ledger_reports(req_ids, slots, accepted, self._ledger["drafted"])
+        if ids:
+            self._report(ids, drafted, acc)
 
     def touch(self, req_ids: Sequence[ReqId]) -> int:
         """These requests are in the engine's batch without drafting this step: keep them fresh.
@@ -247,9 +248,7 @@ class DraftingLayer:
             self.policy.observe_step_interval(now - self._timed_at)
         self._timed_at, self._timed_n = now, -1 if present else n
 
-    def _report(self, req_ids: Sequence[ReqId], rows: np.ndarray, drafted: np.ndarray, acc: np.ndarray) -> None:
-        # rows are increasing: all of them is every request (the usual step)
-        ids = req_ids if len(rows) == len(req_ids) else [req_ids[i] for i in rows.tolist()]
+    def _report(self, ids: list[ReqId], drafted: np.ndarray, acc: np.ndarray) -> None:
         if self._batch_policy:
             self.policy.observe_batch(ids, drafted, acc)
         else:

@@ -62,8 +62,9 @@ def test_lookup_slots_and_the_ledger_reports():
     with pytest.raises(TypeError):
         _columns.lookup_slots({}, [["unhashable"]])
     drafted = np.array([0, 3, 5, 2], dtype=np.int64)
-    rows, d, a = _columns.ledger_reports(np.array([1, 2, 0, 3]), np.array([7, -1, 2, 1]), drafted)
-    assert (rows.tolist(), d.tolist(), a.tolist()) == ([0, 3], [3, 2], [3, 1])  # slot 2 still pending
+    ids, d, a = _columns.ledger_reports(["a", "b", "c", "d"], np.array([1, 2, 0, 3]), np.array([7, -1, 2, 1]),
+                                        drafted)
+    assert (ids, d.tolist(), a.tolist()) == (["a", "d"], [3, 2], [3, 1])  # slot 2 still pending
     assert drafted.tolist() == [0, 0, 5, 0]  # reported once
     last, seen = np.zeros(4, dtype=np.int64), np.array([0, 10, 10, 10])
     grown = _columns.ledger_seen(np.array([1, 2, 3]), np.array([False, False, True]), 7, np.array([12, 8, 5]),
@@ -98,12 +99,13 @@ def test_ledger_step_equals_lookup_reports_and_seen(data):
     slots, grown, reports = _columns.ledger_step(index, ids, 7, lens, num_new, accepted, *mine)
     want_slots, _ = _columns.lookup_slots(index, ids)
     last, seen, drafted = cols
-    want_reports = None if accepted is None else _columns.ledger_reports(want_slots, accepted, drafted)
+    want_reports = None if accepted is None else _columns.ledger_reports(ids, want_slots, accepted, drafted)
     want_grown = _columns.ledger_seen(want_slots, np.zeros(len(ids), dtype=bool), 7, lens, num_new, last, seen)
     assert slots.tolist() == want_slots.tolist() and grown.tolist() == want_grown.tolist()
     assert (reports is None) == (want_reports is None)
     if reports is not None:
-        assert [r.tolist() for r in reports] == [r.tolist() for r in want_reports]
+        assert reports[0] == want_reports[0] and all(x is y for x, y in zip(reports[0], want_reports[0]))
+        assert [r.tolist() for r in reports[1:]] == [r.tolist() for r in want_reports[1:]]
     assert all((a == b).all() for a, b in zip(cols, mine))
 
 
