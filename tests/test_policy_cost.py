@@ -329,3 +329,23 @@ def test_linear_time_is_cached(h200_8b):
     c = h200_8b
     first = c.linear_time(1000)
     assert 1000 in c._linear_cache and c.linear_time(1000) == first
+
+
+@pytest.mark.parametrize("model", ["llama-3.1-8b", "mixtral-8x7b"])
+def test_linear_curve_is_computed_once_per_tile_with_the_same_values(model):
+    """Rows on the same tiles (and, for MoE, the same experts and expert tiles) cost the same: the curve is
+    computed once per tile, and every entry equals the cost computed for its own row count."""
+    from spec_plugins.policy.cost import RooflineCost, _round_up, step_cost
+
+    c = step_cost(hardware="h200", model=model)
+    curve = c.linear_curve(5000)
+    tile = c.hardware.gemm_tile_rows
+    assert len(c._linear_by_tiles) <= _round_up(len(curve), tile) // tile + 64
+    fresh = step_cost(hardware="h200", model=model)
+    assert curve[:5000].tolist() == [fresh.linear_time(r) for r in range(5000)]
+    for rows in (1, 2, tile - 1, tile, tile + 1, 777, 4096, 4999):
+        fresh = step_cost(hardware="h200", model=model)
+        direct = fresh.model.layers * fresh._time(*fresh._layer_cost(rows))
+        direct += fresh._time(*fresh._gemm_cost(fresh.model.lm_head_params, rows))
+        assert curve[rows] == direct, rows
+    assert isinstance(c, RooflineCost) and curve[0] == 0.0
