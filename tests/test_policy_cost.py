@@ -340,7 +340,7 @@ def test_linear_curve_is_computed_once_per_tile_with_the_same_values(model):
     c = step_cost(hardware="h200", model=model)
     curve = c.linear_curve(5000)
     tile = c.hardware.gemm_tile_rows
-    assert len(c._linear_by_tiles) <= _round_up(len(curve), tile) // tile + 64
+    assert len(c._linear_cache) <= _round_up(len(curve), tile) // tile + 64  # linear_time once per tiling
     fresh = step_cost(hardware="h200", model=model)
     assert curve[:5000].tolist() == [fresh.linear_time(r) for r in range(5000)]
     for rows in (1, 2, tile - 1, tile, tile + 1, 777, 4096, 4999):

@@ -146,7 +146,6 @@ class RooflineCost(CostModel):
         self._wbytes = DTYPE_BYTES[self.dtype]
         self._kvbytes = DTYPE_BYTES[self.kv_dtype]
         self._linear_cache: dict[int, float] = {}
-        self._linear_by_tiles: dict[tuple[int, int, int], float] = {}  # see linear_time
         self._linear_curve = np.zeros(0)  # linear_time(0), linear_time(1), ...: filled on demand, kept
         self._forward_cache: dict[int, float] = {}
         self._attention_params: tuple | None = None
@@ -202,17 +201,8 @@ class RooflineCost(CostModel):
             raise ValueError(f"linear_time.rows: expected >= 0, got {rows}")
         t = 0.0
         if rows:
-            # The cost reads rows only through whole tiles (and, for MoE, the experts touched and their
-            # tiles): rows on the same tiles cost the same, so a growing curve computes once per tile.
-            m, tile = self.model, self.hardware.gemm_tile_rows
-            touched = m.experts_touched(rows)
-            per_expert = -(-rows * m.experts_per_token // touched) if touched else 0
-            key = (_round_up(rows, tile), touched, _round_up(per_expert, tile))
-            t = self._linear_by_tiles.get(key, -1.0)
-            if t < 0.0:
-                t = m.layers * self._time(*self._layer_cost(rows))
-                t += self._time(*self._gemm_cost(m.lm_head_params, rows))
-                self._linear_by_tiles[key] = t
+            t = self.model.layers * self._time(*self._layer_cost(rows))
+            t += self._time(*self._gemm_cost(self.model.lm_head_params, rows))
         self._linear_cache[rows] = t
         return t
 
@@ -231,8 +221,9 @@ class RooflineCost(CostModel):
         if size > have:
             grown = max(size, 2 * have, 256)
             rows = np.arange(have, grown, dtype=np.int64)
-            # linear_time once per distinct tiling (see there), read back for every row: a big batch's first
-            # step grows the curve by thousands of rows, and the GPU waits for that step's drafts.
+            # The cost reads rows only through whole GEMM tiles (and, for MoE, the experts touched and their
+            # tiles: _layer_cost), so linear_time runs once per distinct tiling and is read back for every row:
+            # a big batch's first step grows the curve by thousands of rows, and the GPU waits for its drafts.
             m, tile = self.model, self.hardware.gemm_tile_rows
             touched = np.minimum(m.num_experts, rows * m.experts_per_token) if m.is_moe else np.zeros_like(rows)
             per_expert = np.where(touched > 0, -(-rows * m.experts_per_token // np.maximum(touched, 1)), 0)
