@@ -33,6 +33,21 @@ step_overhead_us: 2000
 """
 
 
+
+
+def two_context_profile(path):
+    """A measured-profile file at contexts 16 and 64 tokens (made up, steep per verified row): each request is
+    priced at its own context (MeasuredCost.context_terms)."""
+    def points(batch_ms, row_ms):
+        return [{"batch": b, "draft": d, "tokens": b * (1 + d), "step_ms": 5.0 + batch_ms * b + row_ms * b * d}
+                for b in (1, 2, 4, 8) for d in (0, 2, 6)]
+    path.write_text(json.dumps({
+        "format": "spec-plugins-step-profile/1", "engine": "test", "device": "test", "model": "tiny",
+        "dtype": "float32", "context_len": 16, "created": "test", "command": "test",
+        "points": points(1.0, 0.3), "contexts": [{"context_len": 64, "points": points(2.0, 1.0)}]}))
+    return str(path)
+
+
 @pytest.fixture(scope="module")
 def baseline(tiny_llama):
     return run(EngineRun(model=tiny_llama, prompts=PROMPTS, max_tokens=MAX_TOKENS, warmup=False, max_model_len=512))
@@ -43,10 +58,14 @@ def _spec(tiny_llama, speculative_config, additional_config=None):
                      speculative_config=speculative_config, additional_config=additional_config)
 
 
-@pytest.mark.parametrize("proposer", ["suffix_tree", "ngram"])
-def test_adaptive_policy_lossless_with_mixed_lengths(tiny_llama, baseline, tmp_path, proposer):
+@pytest.mark.parametrize("proposer, cost", [("suffix_tree", "slow_gpu"), ("ngram", "slow_gpu"),
+                                            ("suffix_tree", "two_contexts_priced")])
+def test_adaptive_policy_lossless_with_mixed_lengths(tiny_llama, baseline, tmp_path, proposer, cost):
     hw = tmp_path / "slow.yaml"
     hw.write_text(SLOW_GPU)
+    # two_contexts_priced: a profile at two contexts, and the proposer told the price of a token before it drafts.
+    options = ({"hardware": str(hw)} if cost == "slow_gpu" else
+               {"profile": two_context_profile(tmp_path / "profile.json"), "price_drafts": 1.0})
     fixed = run(_spec(tiny_llama, {"method": "custom_class", "model": "spec_plugins.vllm.SpecPluginsProposer",
                                    "num_speculative_tokens": K},
                       {"spec_plugins": {"proposer": proposer}}))
@@ -54,7 +73,7 @@ def test_adaptive_policy_lossless_with_mixed_lengths(tiny_llama, baseline, tmp_p
     adaptive = run(_spec(tiny_llama, {"method": "custom_class", "model": "spec_plugins.vllm.SpecPluginsProposer",
                                       "num_speculative_tokens": K},
                          {"spec_plugins": {"proposer": proposer, "policy": "adaptive",
-                                           "policy_options": {"hardware": str(hw)}}}))
+                                           "policy_options": options}}))
     assert fixed.error is None and adaptive.error is None, (fixed.error, adaptive.error)
     assert fixed.token_ids == baseline.token_ids
     assert adaptive.token_ids == baseline.token_ids

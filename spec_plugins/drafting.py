@@ -15,7 +15,9 @@ What an engine adapter would otherwise write for itself lives here once:
 * caps -> propose -> check -> trim, through the batched paths the proposer and the policy declare
   (`core.BatchProposer`, `core.BatchPolicy`), else through their per-request methods;
 * with a clock (engines pass one; replays and simulators do not), the engine's measured step intervals
-  to a policy that learns from them (`core.ObservesStepTime`).
+  to a policy that learns from them (`core.ObservesStepTime`);
+* a policy's price of a drafted token to the proposer before it drafts (`core.PricesTokens`,
+  `DraftBatch.token_price`).
 
 The ledger is columnar (request -> slot, numpy columns per slot) so a step costs a few numpy calls
 plus one dict lookup per request: on a GPU this host time sits between two verification steps.
@@ -30,7 +32,8 @@ import numpy as np
 from spec_plugins import _columns
 from spec_plugins.core import (
     BatchDrafts, BatchPolicy, BatchProposer, BindsModel, DraftBatch, DraftLengthPolicy, DraftRequest, HasStats,
-    LoadsTarget, ObservesStepTime, Proposer, ReqId, TrimsDrafts, apply_policy, check_cap, check_drafts,
+    LoadsTarget, ObservesStepTime, PricesTokens, Proposer, ReqId, TrimsDrafts, apply_policy, check_cap,
+    check_drafts, check_price,
 )
 from spec_plugins.slots import RequestSlots
 
@@ -85,6 +88,7 @@ class DraftingLayer:
         self._batch_policy = isinstance(policy, BatchPolicy)
         self._times_steps = (self.clock is not None and isinstance(policy, ObservesStepTime)
                              and policy.observes_step_time)
+        self._prices = isinstance(policy, PricesTokens) and policy.prices_tokens
 
     # ---- what adapters hand through -------------------------------------------------------------
 
@@ -183,6 +187,8 @@ class DraftingLayer:
         # The per-request view is built at most once a step, after the caps: proposers and policies
         # without a batched path all see the same DraftRequests.
         requests = self._caps(batch)
+        if self._prices:
+            batch.token_price = check_price(self.policy.token_price(batch), "policy token_price")
         drafts = self._propose(batch, requests)
         drafts = self._trim(batch, drafts, requests)
         ledger["drafted"][slots] = drafts.lengths

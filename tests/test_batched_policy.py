@@ -301,3 +301,38 @@ def test_the_walks_ranking_is_numpys_stable_argsort():
             gain[m // 4: m // 2] = 0.5 + rng.integers(0, 64, size=len(near)) * 2.0**-50
         gain = np.maximum(gain, 1e-300)
         assert _walk.ranking(gain.tolist()) == np.argsort(-gain, kind="stable").tolist(), trial
+
+
+@pytest.mark.parametrize("profile", ["vllm-cpu-smollm2-135m", str(H200_PROFILE), str(CPU_CONTEXTS)])
+def test_token_price_bounds_the_survival_of_every_kept_token(profile):
+    """`token_price` at share 1 is the least survival the trim can keep in that step: every kept token's
+    calibrated survival is at least it, so a proposer told a share of it drafts no token the trim would keep
+    at that share's calibration."""
+    from spec_plugins.core import BatchDrafts, DraftBatch
+
+    rng = np.random.default_rng(7)
+    policy = AdaptiveLength(profile=profile, price_drafts=1.0)
+    assert policy.prices_tokens
+    priced = cut_below = 0
+    for step in range(60):
+        n = int(rng.choice([1, 4, 8, 16, 32, 64, 256]))
+        ids = [f"r{i}" for i in rng.choice(300, size=n, replace=False)]
+        lengths = rng.integers(0, 17, size=n)
+        offsets = np.concatenate(([0], np.cumsum(lengths)))
+        conf = rng.beta(3.0, 1.0, size=int(offsets[-1])) ** rng.uniform(0.3, 3.0)
+        drafts = BatchDrafts(rng.integers(0, 100, size=int(offsets[-1])), offsets, conf)
+        # Every other step at the shortest profiled context: with longer ones, a profile whose extra time is
+        # concave in rows (CPU_CONTEXTS) gives no positive bound, as it should (see _cheapest_row).
+        context = rng.integers(100, 256 if step % 2 else 3000, size=n)
+        batch = DraftBatch(ids, [[1]] * n, context, np.ones(n, np.int64), np.full(n, 16, np.int64))
+        price = policy.token_price(batch)
+        surv, _, _ = policy.survival_batch(ids, drafts)
+        keep = policy.trim_batch(batch, drafts)
+        kept = np.arange(surv.shape[1])[None, :] < keep[:, None]
+        if price > 0:
+            priced += 1
+            assert np.all(surv[kept] >= price * (1 - 1e-6)), (step, n, price, surv[kept].min())
+            cut_below += int(np.sum((surv < price) & (np.arange(surv.shape[1])[None, :] < lengths[:, None])))
+        policy.observe_batch(ids, keep, np.minimum(keep, rng.integers(0, 17, size=n)))
+    assert priced > 10 and cut_below > 0  # the bound was tested where it bites
+    assert AdaptiveLength(profile=profile).prices_tokens is False  # off by default: the layer does not ask

@@ -137,6 +137,11 @@ i32 check_max_tokens(long long m) {
   return m > 0x7fffffffLL ? 0x7fffffff : i32(m);
 }
 
+double check_price(double p) {
+  if (!(p >= 0.0) || !std::isfinite(p)) throw py::value_error("price: expected a finite number >= 0, got " + std::to_string(p));
+  return p;
+}
+
 // The tree on its own, for tests and experiments: sequences are added, grown, and evicted oldest first.
 class PyTree {
  public:
@@ -237,9 +242,9 @@ class PyCache {
     cache_.append(key, buf_.data(), buf_.size());
     return to_python(cache_.speculate(key, m));
   }
-  py::tuple speculate(long long key, long long max_tokens) {
+  py::tuple speculate(long long key, long long max_tokens, double price) {
     require(key, "speculate");
-    return to_python(cache_.speculate(key, check_max_tokens(max_tokens)));
+    return to_python(cache_.speculate(key, check_max_tokens(max_tokens), check_price(price)));
   }
   // The batched step (Cache::step): one call for the whole batch, drafting with the GIL released.
   //   keys:       int64 [B], distinct
@@ -250,7 +255,8 @@ class PyCache {
   // draft is tokens[offsets[i]:offsets[i + 1]], its per-token conditional confidences alike, and
   // status[i] is 0 (continued), 1 (started) or 2 (started over).
   py::tuple step_batch(py::handle keys_obj, py::handle contexts, py::handle rows_obj, py::handle lens_obj,
-                       py::handle num_new_obj, py::handle max_tokens_obj) {
+                       py::handle num_new_obj, py::handle max_tokens_obj, double price) {
+    check_price(price);
     const auto keys = int64_column(keys_obj, "keys");
     const size_t n = size_t(keys.shape(0));
     const auto lens = int64_column(lens_obj, "lens", n);
@@ -324,7 +330,7 @@ class PyCache {
     {
       py::gil_scoped_release release;
       if (n >= parallel_from_ && workers_ != 0 && !pool_) pool_ = std::make_unique<spec_plugins::WorkerPool>(workers_);
-      cache_.step(plan, drafts, pool_.get(), parallel_from_);
+      cache_.step(plan, drafts, pool_.get(), parallel_from_, price);
     }
 
     size_t total = 0;
@@ -456,9 +462,10 @@ PYBIND11_MODULE(_core, m) {
       .def("append", &PyCache::append, py::arg("key"), py::arg("tokens"))
       .def("sync_speculate", &PyCache::sync_speculate, py::arg("key"), py::arg("tokens"), py::arg("num_new"),
            py::arg("max_tokens"))
-      .def("speculate", &PyCache::speculate, py::arg("key"), py::arg("max_tokens"))
+      .def("speculate", &PyCache::speculate, py::arg("key"), py::arg("max_tokens"), py::arg("price") = 0.0)
       .def("step_batch", &PyCache::step_batch, py::arg("keys"), py::arg("contexts"), py::arg("rows"),
-           py::arg("lens"), py::arg("num_new"), py::arg("max_tokens"))
+           py::arg("lens"), py::arg("num_new"), py::arg("max_tokens"), py::arg("price") = 0.0,
+           "price: expected accepted tokens a drafted token must add (Cache::speculate); 0: unpriced.")
       .def("set_parallel", &PyCache::set_parallel, py::arg("threads"), py::arg("parallel_from"),
            py::arg("interleave") = 16,
            "Worker threads for batched drafting (-1: one per extra core, at most 3; 0: none), the batch "

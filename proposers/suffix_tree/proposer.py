@@ -19,7 +19,9 @@ All the work is in `_core` (suffix_tree.hpp); this class maps request ids and ch
 (ingest every request's new tokens, then draft all of them with the GIL released, on worker threads
 from `parallel_from` requests up, the appends of `interleave` requests at a time taken in turns so that
 one tree's memory loads overlap the others' work); its drafts are the same as `propose`'s for the same
-histories.
+histories. A priced step (`DraftBatch.token_price`, set by the adaptive policy's `price_drafts`) ends each draft
+before its first token whose path probability is below the price: the same candidates, a prefix of the
+unpriced draft.
 """
 
 from __future__ import annotations
@@ -155,7 +157,7 @@ class SuffixTreeProposer:
                 self._next_key += 1
         try:
             tokens, confidence, offsets, _ = self._core.step_batch(
-                ks, batch.contexts, batch.rows, batch.context_lens, batch.num_new, batch.max_draft)
+                ks, batch.contexts, batch.rows, batch.context_lens, batch.num_new, batch.max_draft, batch.token_price)
         except ValueError as exc:
             raise ValueError(f"suffix_tree: {exc}") from None
         return BatchDrafts(tokens, offsets, confidence)
@@ -175,9 +177,11 @@ class SuffixTreeProposer:
     def append(self, req_id: Hashable, token_ids: Sequence[int]) -> None:
         self._core.append(self._key(req_id), token_ids)
 
-    def speculate(self, req_id: Hashable, max_tokens: int) -> tuple[list[int], list[float], float, int]:
-        """(draft tokens, path probabilities, score = sum of probabilities, match length)."""
-        return self._core.speculate(self._key(req_id), max_tokens)
+    def speculate(self, req_id: Hashable, max_tokens: int, price: float = 0.0
+                  ) -> tuple[list[int], list[float], float, int]:
+        """(draft tokens, path probabilities, score = sum of probabilities, match length); with `price` (as
+        `DraftBatch.token_price`) the tokens and probabilities end before the first path probability below it."""
+        return self._core.speculate(self._key(req_id), max_tokens, price)
 
     def draft_kind(self, req_id: Hashable) -> str:
         """Which candidate the request's last draft came from: "copy" (its own text) or "count" (the trees)."""

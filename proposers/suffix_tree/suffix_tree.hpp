@@ -865,9 +865,27 @@ class Cache {
     return r.local->seq(r.seq).tok.size();
   }
 
-  Draft speculate(long long key, i32 max_tokens) { return speculate(get(key), max_tokens); }
+  Draft speculate(long long key, i32 max_tokens, double price = 0.0) {
+    return speculate(get(key), max_tokens, price);
+  }
 
-  Draft speculate(Req& r, i32 max_tokens) {
+  // price: the adaptive policy's least survival a kept token can have this step (DraftBatch.token_price): the
+  // draft is the unpriced one up to its last token whose path probability is >= price. The candidates are
+  // chosen as unpriced (choosing them net of the price lost modelled goodput on the replays, see
+  // benchmarks/RESULTS.md), so a priced draft is always a prefix of the unpriced one.
+  Draft speculate(Req& r, i32 max_tokens, double price = 0.0) {
+    Draft best = speculate_unpriced(r, max_tokens);
+    if (price > 0.0) {
+      size_t keep = 0;
+      while (keep < best.probs.size() && best.probs[keep] >= price) ++keep;
+      best.tokens.resize(keep);
+      best.probs.resize(keep);
+      if (keep == 0) best.match_len = 0;
+    }
+    return best;
+  }
+
+  Draft speculate_unpriced(Req& r, i32 max_tokens) {
     Draft best;
     best.tokens.reserve(max_tokens);  // one allocation per draft, not one per doubling
     best.probs.reserve(max_tokens);
@@ -930,7 +948,7 @@ class Cache {
     return kContinue;
   }
   void step(const std::vector<Row>& rows, std::vector<Draft>& out, spec_plugins::WorkerPool* pool,
-            size_t parallel_from) {
+            size_t parallel_from, double price = 0.0) {
     const size_t n = rows.size();
     out.resize(n);
     const bool shared_appends = o_.cache_active && o_.max_cached > 0;  // appends also extend the global tree
@@ -950,7 +968,7 @@ class Cache {
     auto own = [&](size_t g) {
       const size_t lo = g * group, hi = std::min(n, lo + group);
       if (!shared_appends) feed_group(reqs.data() + lo, rows.data() + lo, hi - lo);
-      for (size_t i = lo; i < hi; ++i) out[i] = speculate(*reqs[i], rows[i].max_tokens);
+      for (size_t i = lo; i < hi; ++i) out[i] = speculate(*reqs[i], rows[i].max_tokens, price);
     };
     const size_t groups = (n + group - 1) / group;
     if (pool == nullptr || n < parallel_from) {

@@ -19,6 +19,12 @@ profile measured in one setting (an engine in-process, a bare forward) and serve
 serve`, with a scheduler, sampler and front end per step) would otherwise price tokens too dear against the
 real step.
 
+With `price_drafts` > 0 the proposer is told, before it drafts, that share of the least survival a token needs
+to be kept in this step (`token_price`; `DraftBatch.token_price`): the suffix tree and the n-gram proposer then
+end each draft before its first token whose path probability is below it. Off by default: the proposers' raw
+confidences are not the calibrated survivals the trim reads, and on the replays the cut cost more goodput than
+the drafting it saved (benchmarks/RESULTS.md, "The price of a token handed to the proposer").
+
 Drafts sampled from a draft distribution
 (`Draft.probs` set) are trimmed with the non-anticipating greedy search, deterministic drafts with the
 global one (see allocator.py). For sampled drafts a proposer's confidence at position j may depend on the
@@ -75,6 +81,9 @@ class AdaptiveLength:
         # A negative fitted offset (verified tokens dearer than the profile says) takes at most this fraction
         # of the step's modelled base time (no drafts) off the sunk time; 0: the offset never goes below 0.
         max_offset_cut: float = pydantic.Field(default=0.5, ge=0.0, lt=1.0)
+        # The proposer is told this share of the price of a drafted token before it drafts (`token_price`); 0:
+        # it drafts unpriced, up to the caps, and only the trim decides.
+        price_drafts: float = pydantic.Field(default=0.0, ge=0.0, le=1.0)
 
         # Names are resolved here, so a bad one is reported under its field (policy_options.hardware: ...)
         # when the engine starts, not when the first step costs a draft. The resolvers' own messages name
@@ -115,6 +124,9 @@ class AdaptiveLength:
         self._modelled: float | None = None
         self._curves_of: StepCost | None = None  # the cost model `_curves` reads (allocator.curve_source)
         self._curves = None
+        self.prices_tokens = opts.price_drafts > 0.0  # core.PricesTokens
+        self._cheapest_rows: dict[tuple[int, int], float] = {}  # (requests, curve length) -> seconds
+        self._price = 0.0  # the last token_price handed out
         if self.cost is None and (opts.hardware is None) == (opts.profile is None):
             raise ValueError("policy_options: expected exactly one of 'hardware' (a GPU profile) or 'profile' "
                              "(a measured step-time profile)")
@@ -179,6 +191,51 @@ class AdaptiveLength:
         self._time = d * self._time + step + extra
         return lengths
 
+    def token_price(self, batch: DraftBatch) -> float:
+        """`price_drafts` times the least survival a token needs to be kept in this step (core.PricesTokens).
+
+        The trim keeps a token only if its survival pays for its verified row at the long-run rate (the walk's
+        objective is tau - rate * time), so no kept token has a survival below rate times the cheapest row's
+        time on this batch's curve (per-request attention only adds to it). The share covers what the
+        proposer's raw confidences do not know: the calibration and the per-request correction the trim
+        applies. 0 until a long-run rate exists (the first step, or `objective: per_step`), and on a curve
+        with free rows (a GPU tile not yet full)."""
+        rate = None if self.cost is None else self._rate()
+        self._price = 0.0 if rate is None else self.options.price_drafts * rate * self._cheapest_row(
+            len(batch), int(batch.max_draft.sum()), batch.context_lens)
+        return self._price
+
+    def _cheapest_row(self, n: int, drafted: int, context: np.ndarray) -> float:
+        """Seconds of the cheapest verified row between n and n + drafted rows on the cost model's curve."""
+        size = n + drafted + 1
+        found = self._cheapest_rows.get((n, size))
+        if found is not None:
+            return found
+        if self._curves_of is not self.cost:
+            self._curves_of, self._curves = self.cost, curve_source(self.cost)
+        found = 0.0
+        if self._curves is not None and drafted > 0:
+            curve, attention = self._curves(n, size, context)
+            row = np.diff(curve[n:size])  # a roofline's attention only adds to its linear curve
+            if attention is not None and attention[0] == "per_request":
+                # MeasuredCost.context_terms: the drafted rows' weights W_g (at most j * max alpha_g after j rows)
+                # share the chord (delta_g[n + j] - delta_g[n]) / j; admitting a row adds its own weight times
+                # the next chord (>= 0) and moves every weight's chord, which on a concave delta takes time off.
+                _, _, delta, alpha = attention
+                j = np.arange(1, drafted, dtype=np.float64)
+                for g in range(delta.shape[0]):
+                    d = delta[g, n:size] - delta[g, n]
+                    chord = d[1:] / np.arange(1, drafted + 1)  # chord after 1 .. drafted rows
+                    heaviest = max(float(alpha[:, g].max()), 0.0) if len(alpha) else 0.0
+                    row[1:] += np.minimum(heaviest * j * (chord[1:] - chord[:-1]), 0.0)
+                self._cheapest_rows.pop((n, size), None)  # depends on the requests' contexts: not kept
+                return max(float(np.min(row)), 0.0)
+            found = max(float(np.min(row)), 0.0)
+        if len(self._cheapest_rows) >= 4096:
+            self._cheapest_rows.clear()
+        self._cheapest_rows[(n, size)] = found
+        return found
+
     @property
     def measured_overhead_s(self) -> float:
         """Seconds (in the cost model's time) every step pays beyond the model, fitted on the engine's measured
@@ -188,10 +245,12 @@ class AdaptiveLength:
 
     def stats(self) -> dict[str, float]:
         """What the policy believes of the engine's steps (core.HasStats; the vLLM adapter's trace): the fitted
-        slope and offset of measured against modelled steps, and the long-run tokens per modelled second."""
+        slope and offset of measured against modelled steps, the long-run tokens per modelled second, and the last
+        price of a drafted token handed to the proposer (`price_drafts`)."""
         rate = self._rate()
         return {"step_fits": self.step_fit.w, "step_slope": self.step_fit.slope(),
-                "step_offset_ms": self.measured_overhead_s * 1e3, "tokens_per_s": 0.0 if rate is None else rate}
+                "step_offset_ms": self.measured_overhead_s * 1e3, "tokens_per_s": 0.0 if rate is None else rate,
+                "token_price": self._price}
 
     def observe_step_interval(self, seconds: float) -> None:
         """The engine's whole step that verified the last trimmed drafts took `seconds` (core.ObservesStepTime)."""
