@@ -71,7 +71,7 @@ class DraftBatch:
     features:     per-request target hidden states for model-based drafters, or None.
     token_price:  expected accepted tokens a drafted token must add to be worth verifying this step (a
                   `PricesTokens` policy sets it; 0: drafted tokens are free). A proposer with per-token
-                  confidences may leave out tokens below it and choose its candidates net of it.
+                  confidences may end a draft before its first token whose path probability is below it.
     """
 
     req_ids: Sequence[ReqId]

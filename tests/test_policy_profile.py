@@ -332,8 +332,12 @@ def brute_force_step(cost, drafts, contexts):
         for g, weight in ((i - 1, 1.0 - w), (i, w)):
             if g == 0 or weight == 0.0:
                 continue
+            top = n * (1 + cost._top_draft)  # linear from the base step: the chord to the longest profiled draft
             delta = np.maximum.accumulate([max(0.0, alone[g].batch_time(n, x) - alone[0].batch_time(n, x))
-                                           for x in range(rows + 1)])
+                                           for x in range(max(rows, top) + 1)])
+            if top > n:
+                delta = np.concatenate((delta[:n], delta[n] + (delta[top] - delta[n]) / (top - n)
+                                        * np.arange(len(delta) - n)))
             total += weight * delta[n] / n
             if rows > n:
                 total += weight * d * (delta[rows] - delta[n]) / (rows - n)
@@ -355,6 +359,29 @@ def test_measured_cost_prices_each_request_at_its_own_context():
     assert cost.step_time([3, 0], [short, long_]) < cost.step_time([0, 3], [short, long_])
     assert cost.step_time([0, 3], [short, long_]) - cost.step_time([0, 0], [short, long_]) == pytest.approx(
         cost.step_time([0, 3], [long_, long_]) - cost.step_time([0, 0], [long_, long_]))
+
+
+def test_a_concave_context_extra_is_priced_by_its_chord():
+    """vLLM-CPU at 2k tokens: a request's first drafted row costs ~3x a later one. Each drafted row over the long
+    context pays the mean extra of the profiled drafts, however many rows the step has."""
+    from spec_plugins.policy.measured import add_context
+
+    grid = profile([point(b, d, 10.0 + 2.0 * b + 0.8 * b * d) for b in (1, 2, 4, 8) for d in (0, 1, 3, 7)])
+    data = add_context(grid, at_context(grid, 2048, 1.0))
+    for p in data["contexts"][0]["points"]:  # 9 ms for a request's first drafted row, 3 ms for each after it
+        p["step_ms"] += 0.0 if p["draft"] == 0 else p["batch"] * (9.0 + 3.0 * (p["draft"] - 1))
+    cost = MeasuredCost(data, draft_us_per_request=0)
+    top = cost._top_draft
+    per_row = (9.0 + 3.0 * (top - 1)) / top / 1e3  # the chord
+    for batch in (2, 4, 8):
+        short, long_ = [256] * batch, [2048] * batch
+        for d in (1, 3, top):
+            extra = (cost.step_time([d] * batch, long_) - cost.step_time([0] * batch, long_)) - (
+                cost.step_time([d] * batch, short) - cost.step_time([0] * batch, short))
+            assert extra == pytest.approx(per_row * d * batch, rel=1e-9)
+        for drafts in ([1] + [0] * (batch - 1), [3] * batch, [top, 1] + [0] * (batch - 2)):
+            contexts = [2048, 256] + [900] * (batch - 2)
+            assert cost.step_time(drafts, contexts) == pytest.approx(brute_force_step(cost, drafts, contexts))
 
 
 def test_allocator_prices_tokens_over_long_contexts_dearer_on_both_walks():

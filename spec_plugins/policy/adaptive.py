@@ -228,8 +228,7 @@ class AdaptiveLength:
                     chord = d[1:] / np.arange(1, drafted + 1)  # chord after 1 .. drafted rows
                     heaviest = max(float(alpha[:, g].max()), 0.0) if len(alpha) else 0.0
                     row[1:] += np.minimum(heaviest * j * (chord[1:] - chord[:-1]), 0.0)
-                self._cheapest_rows.pop((n, size), None)  # depends on the requests' contexts: not kept
-                return max(float(np.min(row)), 0.0)
+                return max(float(np.min(row)), 0.0)  # depends on the requests' contexts: not cached
             found = max(float(np.min(row)), 0.0)
         if len(self._cheapest_rows) >= 4096:
             self._cheapest_rows.clear()

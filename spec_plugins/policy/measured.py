@@ -27,7 +27,8 @@ engine verified what was drafted. How the steps are timed is in `spec_plugins.po
 With `contexts`, a step's cost also depends on each request's context length, so verified tokens over long
 contexts pay the attention a profile at one context leaves out. The shortest profiled context is the
 reference; every longer one adds its extra time over the reference, Δ_g(batch, rows), made never cheaper for
-a longer context or for more rows. A request weighs the Δ_g of the two profiled contexts around its own
+a longer context or for more rows, and linear in rows from the base step (the chord to the longest draft
+profiled): each drafted row over a long context pays the mean extra of the profiled drafts. A request weighs the Δ_g of the two profiled contexts around its own
 linearly (nothing below the reference, the last two's trend beyond the longest), and a step of B requests
 drafting d_r tokens (R = B + Σ d_r rows) costs
 
@@ -282,6 +283,8 @@ class MeasuredCost:
         self.context_lens = [c for c, _ in grids]
         self._grids = [_grid(points) for _, points in grids]
         self._grid_batches = [sorted(g) for g in self._grids]  # each grid's batch sizes, read every step
+        # The longest draft every context profiled at every batch (the contexts' extra is linear up to it).
+        self._top_draft = int(min(d.max() for grid in self._grids for d, _ in grid.values()))
         self.batches = self._grid_batches[0]  # the profile's own context's
         self._by_context = sorted(range(len(grids)), key=self.context_lens.__getitem__)  # grids by context
         self._sorted_contexts = [self.context_lens[g] for g in self._by_context]
@@ -319,6 +322,15 @@ class MeasuredCost:
             m = min(len(c) for c in curves)
             delta = np.maximum(np.stack([c[:m] for c in curves[1:]]) - curves[0][:m], 0.0)
             delta = np.maximum.accumulate(np.maximum.accumulate(delta, axis=0), axis=1)
+            # From the base step on, each context's extra is the chord to the longest profiled draft, continued:
+            # every drafted row pays the drafted rows' mean extra. Read as a curve, a concave extra (vLLM-CPU:
+            # a long-context request's first drafted row costs 3x a later one) made every row past the first
+            # look cheap in the shared chord below, and the policy drafted more on long contexts, not less.
+            top = min(batch * (1 + self._top_draft), m - 1)
+            if top > batch:
+                slope = (delta[:, top] - delta[:, batch]) / (top - batch)
+                delta[:, batch:] = delta[:, batch, None] + slope[:, None] * np.arange(m - batch, dtype=np.float64)
+                delta = np.maximum.accumulate(delta, axis=0)  # a longer context never cheaper
             hit = self._deltas[batch] = np.ascontiguousarray(delta)
         return hit
 
