@@ -115,6 +115,8 @@ def test_suffix_tree_priced_drafts_are_the_unpriced_drafts_above_the_price(seed,
             keep = int(np.sum(path >= price))  # they never rise: a prefix
             assert dear.tokens == free.tokens[:keep] and dear.confidence == free.confidence[:keep]
             assert single.speculate(r, int(k), price)[0] == dear.tokens
+            if not dear.tokens:  # an empty draft came from no candidate, priced or not
+                assert batched.draft_kind(r) == "count"
             cut += len(free.tokens) - keep
         for r, c in step:
             seen[r] = len(c)

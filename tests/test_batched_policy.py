@@ -321,8 +321,8 @@ def test_token_price_bounds_the_survival_of_every_kept_token(profile):
         offsets = np.concatenate(([0], np.cumsum(lengths)))
         conf = rng.beta(3.0, 1.0, size=int(offsets[-1])) ** rng.uniform(0.3, 3.0)
         drafts = BatchDrafts(rng.integers(0, 100, size=int(offsets[-1])), offsets, conf)
-        # Every other step at the shortest profiled context: with longer ones, a profile whose extra time is
-        # concave in rows (CPU_CONTEXTS) gives no positive bound, as it should (see _cheapest_row).
+        # Every other step at or below the shortest profiled context, the others up to 3,000 tokens (beyond the
+        # longest profiled context of the two-context profiles: extrapolated weights).
         context = rng.integers(100, 256 if step % 2 else 3000, size=n)
         batch = DraftBatch(ids, [[1]] * n, context, np.ones(n, np.int64), np.full(n, 16, np.int64))
         price = policy.token_price(batch)

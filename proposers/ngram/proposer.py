@@ -7,7 +7,8 @@ tokens that followed it. Stateless: every call looks at the whole context.
 `propose_batch`, the serving path, runs the same rule for the whole batch in one compiled call
 (`_core.cpp`: GIL released, rows spread over threads from `parallel_from` rows up); `lookup` is the
 numpy reference it is tested against. A priced step (`DraftBatch.token_price`) ends each draft before the
-first token whose path probability (its confidence to the power of its position + 1) is below the price.
+first token whose path probability (its confidence to the power of its position + 1) is below the price; only
+the batched path is priced (`DraftRequest` carries no price).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from `parallel_from` requests up, the appends of `interleave` requests at a time
 one tree's memory loads overlap the others' work); its drafts are the same as `propose`'s for the same
 histories. A priced step (`DraftBatch.token_price`, set by the adaptive policy's `price_drafts`) ends each draft
 before its first token whose path probability is below the price: the same candidates, a prefix of the
-unpriced draft.
+unpriced draft. Only the batched path is priced (`DraftRequest` carries no price).
 """
 
 from __future__ import annotations
@@ -180,7 +180,8 @@ class SuffixTreeProposer:
     def speculate(self, req_id: Hashable, max_tokens: int, price: float = 0.0
                   ) -> tuple[list[int], list[float], float, int]:
         """(draft tokens, path probabilities, score = sum of probabilities, match length); with `price` (as
-        `DraftBatch.token_price`) the tokens and probabilities end before the first path probability below it."""
+        `DraftBatch.token_price`) the tokens and probabilities end before the first path probability below it (the
+        score and match length stay the unpriced draft's, the match length 0 if nothing is left)."""
         return self._core.speculate(self._key(req_id), max_tokens, price)
 
     def draft_kind(self, req_id: Hashable) -> str:

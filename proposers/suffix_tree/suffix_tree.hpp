@@ -873,6 +873,7 @@ class Cache {
   // draft is the unpriced one up to its last token whose path probability is >= price. The candidates are
   // chosen as unpriced (choosing them net of the price lost modelled goodput on the replays, see
   // benchmarks/RESULTS.md), so a priced draft is always a prefix of the unpriced one.
+  // The score stays the unpriced draft's.
   Draft speculate(Req& r, i32 max_tokens, double price = 0.0) {
     Draft best = speculate_unpriced(r, max_tokens);
     if (price > 0.0) {
@@ -880,7 +881,10 @@ class Cache {
       while (keep < best.probs.size() && best.probs[keep] >= price) ++keep;
       best.tokens.resize(keep);
       best.probs.resize(keep);
-      if (keep == 0) best.match_len = 0;
+      if (keep == 0) {
+        best.match_len = 0;
+        r.copied = false;  // as unpriced: an empty draft came from no candidate
+      }
     }
     return best;
   }

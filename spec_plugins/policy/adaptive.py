@@ -218,17 +218,13 @@ class AdaptiveLength:
             curve, attention = self._curves(n, size, context)
             row = np.diff(curve[n:size])  # a roofline's attention only adds to its linear curve
             if attention is not None and attention[0] == "per_request":
-                # MeasuredCost.context_terms: the drafted rows' weights W_g (at most j * max alpha_g after j rows)
-                # share the chord (delta_g[n + j] - delta_g[n]) / j; admitting a row adds its own weight times
-                # the next chord (>= 0) and moves every weight's chord, which on a concave delta takes time off.
-                _, _, delta, alpha = attention
-                j = np.arange(1, drafted, dtype=np.float64)
-                for g in range(delta.shape[0]):
-                    d = delta[g, n:size] - delta[g, n]
-                    chord = d[1:] / np.arange(1, drafted + 1)  # chord after 1 .. drafted rows
-                    heaviest = max(float(alpha[:, g].max()), 0.0) if len(alpha) else 0.0
-                    row[1:] += np.minimum(heaviest * j * (chord[1:] - chord[:-1]), 0.0)
-                return max(float(np.min(row)), 0.0)  # depends on the requests' contexts: not cached
+                # MeasuredCost.context_terms: a drafted row adds its request's weights alpha_g times the context's
+                # chord, and the chords never fall (each extra is linear in rows from the base step, and a longer
+                # context's never below it: convex), so a row costs at least the reference curve's, unless a weight
+                # is negative (beyond the longest of three or more contexts, extrapolated): then no bound.
+                alpha = attention[3]
+                if len(alpha) and float(alpha.min()) < 0.0:
+                    return 0.0
             found = max(float(np.min(row)), 0.0)
         if len(self._cheapest_rows) >= 4096:
             self._cheapest_rows.clear()

@@ -315,6 +315,7 @@ class MeasuredCost:
     def delta_curves(self, batch: int, size: int) -> np.ndarray:
         """Δ [G - 1, >= size]: each longer context's extra step time over the reference at rows 0, 1, ...,
         never below a shorter context's nor below its own at fewer rows."""
+        size = max(size, batch * (1 + self._top_draft) + 1)  # the chord's end is always in the curves
         hit = self._deltas.get(batch)
         if hit is None or hit.shape[1] < size:
             order = self._by_context
