@@ -33,8 +33,6 @@ step_overhead_us: 2000
 """
 
 
-
-
 def two_context_profile(path):
     """A measured-profile file at contexts 16 and 64 tokens (made up, steep per verified row): each request is
     priced at its own context (MeasuredCost.context_terms)."""

@@ -336,3 +336,23 @@ def test_token_price_bounds_the_survival_of_every_kept_token(profile):
         policy.observe_batch(ids, keep, np.minimum(keep, rng.integers(0, 17, size=n)))
     assert priced > 10 and cut_below > 0  # the bound was tested where it bites
     assert AdaptiveLength(profile=profile).prices_tokens is False  # off by default: the layer does not ask
+
+
+def test_token_price_has_no_bound_under_a_negative_context_weight():
+    """Beyond the longest of three profiled contexts a request's weight on the middle one is negative (the last
+    two's trend): then a row can cost less than the reference curve's, and the price is 0, whatever an earlier
+    step with shorter contexts left in the cache."""
+    import copy
+    import json
+
+    data = json.loads(CPU_CONTEXTS.read_text())
+    longest = copy.deepcopy(data["contexts"][0])
+    longest["context_len"] = 4096
+    for p in longest["points"]:
+        p["step_ms"] *= 1.5
+    data["contexts"].append(longest)
+    policy = AdaptiveLength(cost=MeasuredCost(data))
+    assert policy._cheapest_row(8, 64, np.full(8, 200)) > 0.0  # at the reference context: the curve's own row
+    assert policy.cost.context_weights(np.full(8, 6000)).min() < 0.0
+    assert policy._cheapest_row(8, 64, np.full(8, 6000)) == 0.0
+    assert policy._cheapest_row(8, 64, np.full(8, 3000)) > 0.0  # between the profiled contexts: bounded again

@@ -65,7 +65,9 @@ from typing import Any, Callable, Hashable, Iterable, Sequence
 
 import numpy as np
 
-from spec_plugins.core import BatchProposer, DraftBatch, DraftRequest, Proposer, ReportsDraftKind, check_drafts
+from spec_plugins.core import (
+    BatchProposer, DraftBatch, DraftRequest, Proposer, ReportsDraftKind, check_drafts, check_price,
+)
 from spec_plugins.traces import request_record, trace_document, write_trace
 
 RESULT_FORMAT = "spec-plugins-replay/1"
@@ -485,8 +487,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.token_price != 0.0:
             if not args.batched:
                 raise ValueError("--token-price: needs --batched (the price reaches proposers through DraftBatch)")
-            if not 0.0 <= args.token_price < float("inf"):
-                raise ValueError(f"--token-price: expected a finite number >= 0, got {args.token_price}")
+            check_price(args.token_price, "--token-price")
         if args.limit is not None and args.limit < 1:
             raise ValueError(f"--limit: expected >= 1, got {args.limit}")
         options = parse_options(args.options)
@@ -532,8 +533,8 @@ def main(argv: list[str] | None = None) -> int:
 
     report: dict[str, Any] = {
         "format": RESULT_FORMAT,
-        "config": {"max_draft": args.max_draft, "token_price": args.token_price, "proposers": names, "options": options, "tokenizer": tok.path,
-                   "limit": args.limit, "baseline": baseline},
+        "config": {"max_draft": args.max_draft, "token_price": args.token_price, "proposers": names,
+                   "options": options, "tokenizer": tok.path, "limit": args.limit, "baseline": baseline},
         "workloads": {r.name: workload_json(r, notes) for r in results},
         "proposers": pooled_json(results, notes),
     }

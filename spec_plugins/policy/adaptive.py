@@ -169,9 +169,8 @@ class AdaptiveLength:
             search = "global" if drafts.probs is None or all(p is None for p in drafts.probs) else "greedy"
         context = batch.context_lens
         n = len(drafted)
-        if self._curves_of is not self.cost:  # resolved once per cost model
-            self._curves_of, self._curves = self.cost, curve_source(self.cost)
-        curves = None if self._curves is None else self._curves(n, n + len(drafts.tokens) + 1, context)
+        source = self._curve_source()
+        curves = None if source is None else source(n, n + len(drafts.tokens) + 1, context)
         extra = self.step_fit.offset(lowest=-np.inf)
         if extra < 0.0:
             extra = max(extra, -self.options.max_offset_cut * self.cost.step_time(np.zeros(n, np.int64), context))
@@ -205,30 +204,33 @@ class AdaptiveLength:
             len(batch), int(batch.max_draft.sum()), batch.context_lens)
         return self._price
 
-    def _cheapest_row(self, n: int, drafted: int, context: np.ndarray) -> float:
-        """Seconds of the cheapest verified row between n and n + drafted rows on the cost model's curve."""
-        size = n + drafted + 1
-        found = self._cheapest_rows.get((n, size))
-        if found is not None:
-            return found
+    def _curve_source(self):
+        """allocator.curve_source of the current cost model, resolved once per cost model."""
         if self._curves_of is not self.cost:
             self._curves_of, self._curves = self.cost, curve_source(self.cost)
-        found = 0.0
-        if self._curves is not None and drafted > 0:
-            curve, attention = self._curves(n, size, context)
-            row = np.diff(curve[n:size])  # a roofline's attention only adds to its linear curve
-            if attention is not None and attention[0] == "per_request":
-                # MeasuredCost.context_terms: a drafted row adds its request's weights alpha_g times the context's
-                # chord, and the chords never fall (each extra is linear in rows from the base step, and a longer
-                # context's never below it: convex), so a row costs at least the reference curve's, unless a weight
-                # is negative (beyond the longest of three or more contexts, extrapolated): then no bound.
-                alpha = attention[3]
-                if len(alpha) and float(alpha.min()) < 0.0:
-                    return 0.0
-            found = max(float(np.min(row)), 0.0)
-        if len(self._cheapest_rows) >= 4096:
-            self._cheapest_rows.clear()
-        self._cheapest_rows[(n, size)] = found
+        return self._curves
+
+    def _cheapest_row(self, n: int, drafted: int, context: np.ndarray) -> float:
+        """Seconds of the cheapest verified row between n and n + drafted rows on the cost model's curve."""
+        source = self._curve_source()
+        if source is None or drafted <= 0:
+            return 0.0
+        # With each request priced at its own context (MeasuredCost.context_terms) a drafted row adds its request's
+        # weights alpha_g times the context's chord, and the chords never fall (each extra is linear in rows from
+        # the base step, and a longer context's never below it: convex), so a row costs at least the reference
+        # curve's -- unless a weight is negative (beyond the longest of three or more contexts, extrapolated):
+        # then there is no bound. Checked every step, before the cache: it depends on this step's contexts.
+        if getattr(self.cost, "has_contexts", False) and len(context) and float(
+                self.cost.context_weights(context).min()) < 0.0:
+            return 0.0
+        size = n + drafted + 1
+        found = self._cheapest_rows.get((n, size))
+        if found is None:
+            curve = source(n, size, context)[0]  # a roofline's attention only adds to its linear curve
+            found = max(float(np.min(np.diff(curve[n:size]))), 0.0)
+            if len(self._cheapest_rows) >= 4096:
+                self._cheapest_rows.clear()
+            self._cheapest_rows[(n, size)] = found
         return found
 
     @property

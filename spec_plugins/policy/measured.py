@@ -28,9 +28,9 @@ With `contexts`, a step's cost also depends on each request's context length, so
 contexts pay the attention a profile at one context leaves out. The shortest profiled context is the
 reference; every longer one adds its extra time over the reference, Δ_g(batch, rows), made never cheaper for
 a longer context or for more rows, and linear in rows from the base step (the chord to the longest draft
-profiled): each drafted row over a long context pays the mean extra of the profiled drafts. A request weighs the Δ_g of the two profiled contexts around its own
-linearly (nothing below the reference, the last two's trend beyond the longest), and a step of B requests
-drafting d_r tokens (R = B + Σ d_r rows) costs
+profiled): each drafted row over a long context pays the mean extra of the profiled drafts. A request weighs
+the Δ_g of the two profiled contexts around its own linearly (nothing below the reference, the last two's trend
+beyond the longest), and a step of B requests drafting d_r tokens (R = B + Σ d_r rows) costs
 
     T_ref(B, R) + Σ_g [ mean_r α_rg · Δ_g(B, B) + (Σ_r α_rg d_r) · (Δ_g(B, R) - Δ_g(B, B)) / (R - B) ]
 
