@@ -49,3 +49,10 @@ def test_registered_and_options_validated():
         create_proposer("fixed_draft", {"length": 1, "tokn": 3})
     p = FixedDraftProposer(length=1)
     p.finish("a")  # stateless: nothing to free
+
+
+def test_max_requests_drafts_for_the_first_requests_only():
+    drafts = FixedDraftProposer(length=2, token=7, max_requests=1).propose([req([1], 4), req([2], 4, "b")])
+    assert [d.tokens for d in drafts] == [[7, 7], []]
+    with pytest.raises(ValueError, match=r"max_requests: Input should be greater than or equal to 0"):
+        create_proposer("fixed_draft", {"length": 1, "max_requests": -1})

@@ -22,15 +22,20 @@ class FixedDraftProposer:
         length: int = pydantic.Field(ge=0)
         # The token id to repeat; None repeats each request's last token.
         token: int | None = pydantic.Field(default=None, ge=0)
+        # Draft for at most this many requests of each step (the first ones); None: all. Times a step where
+        # only some requests draft (whether drafting at all costs per request or per batch).
+        max_requests: int | None = pydantic.Field(default=None, ge=0)
 
-    def __init__(self, length: int, token: int | None = None) -> None:
-        opts = self.Options(length=length, token=token)
-        self.length, self.token = opts.length, opts.token
+    def __init__(self, length: int, token: int | None = None, max_requests: int | None = None) -> None:
+        opts = self.Options(length=length, token=token, max_requests=max_requests)
+        self.length, self.token, self.max_requests = opts.length, opts.token, opts.max_requests
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         drafts = []
-        for r in requests:
+        for i, r in enumerate(requests):
             n = min(self.length, r.max_draft)
+            if self.max_requests is not None and i >= self.max_requests:
+                n = 0
             if n == 0 or (self.token is None and len(r.tokens) == 0):
                 drafts.append(Draft())  # nothing to repeat in an empty context
                 continue
