@@ -332,18 +332,15 @@ def brute_force_step(cost, drafts, contexts):
         for g, weight in ((i - 1, 1.0 - w), (i, w)):
             if g == 0 or weight == 0.0:
                 continue
-            top, first = n * (1 + cost._top_draft), n * (1 + cost._first_draft)
+            top = n * (1 + cost._top_draft)  # linear from the base step: the chord to the longest profiled draft
             delta = np.maximum.accumulate([max(0.0, alone[g].batch_time(n, x) - alone[0].batch_time(n, x))
                                            for x in range(max(rows, top) + 1)])
-            slope = (delta[rows] - delta[n]) / (rows - n) if rows > n else 0.0  # the curve itself, read by rows
-            jump = 0.0
-            if top > n:  # linear from the base step: a jump per drafting request, then the chord first -> longest
-                slope = (delta[top] - delta[n]) / (top - n)
-                if first < top:
-                    after = (delta[top] - delta[first]) / (top - first)
-                    jump = max(0.0, (delta[first] - delta[n]) / n - cost._first_draft * after)
-                    slope = after if jump > 0.0 else slope
-            total += weight * (delta[n] / n + d * slope + (jump if d > 0 else 0.0))
+            if top > n:
+                delta = np.concatenate((delta[:n], delta[n] + (delta[top] - delta[n]) / (top - n)
+                                        * np.arange(len(delta) - n)))
+            total += weight * delta[n] / n
+            if rows > n:
+                total += weight * d * (delta[rows] - delta[n]) / (rows - n)
     return total
 
 
@@ -364,9 +361,9 @@ def test_measured_cost_prices_each_request_at_its_own_context():
         cost.step_time([0, 3], [long_, long_]) - cost.step_time([0, 0], [long_, long_]))
 
 
-def test_a_concave_context_extra_is_priced_as_a_jump_and_a_slope():
-    """vLLM-CPU at 2k tokens: a request's first drafted row costs ~3x a later one. A request that drafts pays the
-    jump once and each drafted row the slope after it: at every profiled draft length the profile is read back."""
+def test_a_concave_context_extra_is_priced_by_its_chord():
+    """vLLM-CPU at 2k tokens: a request's first drafted row costs ~3x a later one. Each drafted row over the long
+    context pays the mean extra of the profiled drafts, however many rows the step has."""
     from spec_plugins.policy.measured import add_context
 
     grid = profile([point(b, d, 10.0 + 2.0 * b + 0.8 * b * d) for b in (1, 2, 4, 8) for d in (0, 1, 3, 7)])
@@ -375,54 +372,16 @@ def test_a_concave_context_extra_is_priced_as_a_jump_and_a_slope():
         p["step_ms"] += 0.0 if p["draft"] == 0 else p["batch"] * (9.0 + 3.0 * (p["draft"] - 1))
     cost = MeasuredCost(data, draft_us_per_request=0)
     top = cost._top_draft
+    per_row = (9.0 + 3.0 * (top - 1)) / top / 1e3  # the chord
     for batch in (2, 4, 8):
-        assert cost.context_jumps(batch) == pytest.approx([6e-3])
         short, long_ = [256] * batch, [2048] * batch
         for d in (1, 3, top):
             extra = (cost.step_time([d] * batch, long_) - cost.step_time([0] * batch, long_)) - (
                 cost.step_time([d] * batch, short) - cost.step_time([0] * batch, short))
-            assert extra == pytest.approx((6.0 + 3.0 * d) * 1e-3 * batch, rel=1e-9)
-            # the uniform curve the planner and the simulator read: the same
-            curve = cost.batch_curve(batch, batch * (1 + d) + 1, 2048.0) - cost.batch_curve(batch, batch * (1 + d) + 1)
-            assert curve[batch * (1 + d)] - curve[batch] == pytest.approx((6.0 + 3.0 * d) * 1e-3 * batch, rel=1e-9)
-        # one request drafting one token pays the whole jump, not a share of it
-        one = cost.step_time([1] + [0] * (batch - 1), long_) - cost.step_time([0] * batch, long_)
-        assert one - (cost.step_time([1] + [0] * (batch - 1), short) - cost.step_time([0] * batch, short)) == \
-            pytest.approx(9e-3, rel=1e-9)
+            assert extra == pytest.approx(per_row * d * batch, rel=1e-9)
         for drafts in ([1] + [0] * (batch - 1), [3] * batch, [top, 1] + [0] * (batch - 2)):
             contexts = [2048, 256] + [900] * (batch - 2)
             assert cost.step_time(drafts, contexts) == pytest.approx(brute_force_step(cost, drafts, contexts))
-
-
-def test_the_walk_drafts_a_worthwhile_block_or_nothing_over_a_jump():
-    """Over a long context where drafting at all costs a jump, a request with one likely token and nothing after
-    it does not draft, and one with a long likely run drafts it whole, ranked ahead although its first survival
-    is lower (the block's survival per row, jump included, is higher); both walks agree."""
-    import numpy as np
-
-    from spec_plugins.policy import allocator
-    from spec_plugins.policy.measured import add_context
-
-    grid = profile([point(b, d, 10.0 + 2.0 * b + 0.8 * b * d) for b in (1, 2, 4, 8) for d in (0, 1, 3, 7)])
-    data = add_context(grid, at_context(grid, 2048, 1.0))
-    for p in data["contexts"][0]["points"]:
-        p["step_ms"] += 0.0 if p["draft"] == 0 else p["batch"] * (9.0 + 1.0 * (p["draft"] - 1))
-    cost = MeasuredCost(data, draft_us_per_request=0)
-    surv = np.array([[0.9, 0.09, 0.009, 0.0009], [0.85, 0.8, 0.78, 0.76]])
-    lengths = np.array([4, 4])
-    for context, expect in (([2048, 2048], [0, 4]), ([256, 256], [1, 4])):
-        context = np.array(context)
-        compiled = allocator.allocate_batch(surv, lengths, context, cost, search="global", rate=150.0)
-        walk = allocator._walk
-        allocator._walk = None
-        try:
-            plain = allocator.allocate_batch(surv, lengths, context, cost, search="global", rate=150.0)
-        finally:
-            allocator._walk = walk
-        assert compiled.tolist() == plain.tolist() == expect
-    keys = allocator.block_keys(surv, lengths, np.array([0.0, 2.0]))
-    assert keys[0].tolist() == surv[0].tolist()  # no jump: survival
-    assert keys[1].tolist() == pytest.approx([3.19 / 6] * 4)  # the whole draft is the best block
 
 
 def test_allocator_prices_tokens_over_long_contexts_dearer_on_both_walks():

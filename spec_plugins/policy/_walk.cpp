@@ -90,55 +90,46 @@ std::vector<std::int32_t> descending_stable(const std::vector<double>& gain) {
 }
 
 // MeasuredCost.context_terms: each request's context priced on its own. After admitting k drafted rows whose
-// requests' weights on the longer profiled contexts sum to W_g, the first rows of their requests to V_g, the step
-// costs the reference curve at n + k plus base + sum_g W_g (delta_g[n + k] - delta_g[n]) / k + sum_g V_g jump_g.
+// requests' weights on the longer profiled contexts sum to W_g, the step costs the reference curve at n + k
+// plus base + sum_g W_g (delta_g[n + k] - delta_g[n]) / k.
 struct ContextCost {
   double base;
   const double* delta;  // [grids, len]
   py::ssize_t grids, len;
   const double* alpha;  // [n, grids]
-  const double* jump;   // [grids]: what a request pays to draft at all
-  const double* rho;    // [n]: that jump in the request's own drafted rows (allocator.block_keys)
-  // The extra seconds over the reference curve with weights W and V after k admissions (k >= 1), n requests.
-  double extra(const std::vector<double>& W, const std::vector<double>& V, py::ssize_t n, std::size_t k) const {
+  // The extra seconds over the reference curve with weights W after k admissions (k >= 1), n requests.
+  double extra(const std::vector<double>& W, py::ssize_t n, std::size_t k) const {
     double e = base;
     for (py::ssize_t g = 0; g < grids; ++g) {
       const double* dg = delta + g * len;
       e += W[g] * ((dg[n + k] - dg[n]) / double(k));
     }
-    for (py::ssize_t g = 0; g < grids; ++g) e += V[g] * jump[g];
     return e;
   }
 };
 
 // The cost model's extra terms from Python: none (a measured profile at one context: its curve includes
 // attention), the roofline's attention parameters (RooflineCost.attention_params, + the context lengths), or
-// ("per_request", base, delta, alpha, jump, rho) from MeasuredCost.context_terms. The arrays stay alive in the
-// holders.
+// ("per_request", base, delta, alpha) from MeasuredCost.context_terms. The arrays stay alive in the holders.
 struct Extras {
   bool has_attention = false, has_contexts = false;
   Attention att{};
   i64 context;
   ContextCost cc{};
-  f64 delta, alpha, jump, rho;
+  f64 delta, alpha;
 };
 
 void read_extras(const py::object& obj, Extras& x, py::ssize_t n) {
   if (obj.is_none()) return;
   py::tuple t = obj.cast<py::tuple>();
   if (py::isinstance<py::str>(t[0])) {
-    if (t[0].cast<std::string>() != "per_request" || t.size() != 6)
-      throw py::value_error("allocate: expected ('per_request', base, delta, alpha, jump, rho) context terms");
+    if (t[0].cast<std::string>() != "per_request" || t.size() != 4)
+      throw py::value_error("allocate: expected ('per_request', base, delta, alpha) context terms");
     x.delta = t[2].cast<f64>();
     x.alpha = t[3].cast<f64>();
-    x.jump = t[4].cast<f64>();
-    x.rho = t[5].cast<f64>();
-    if (x.delta.ndim() != 2 || x.alpha.ndim() != 2 || x.alpha.shape(0) != n || x.alpha.shape(1) != x.delta.shape(0) ||
-        x.jump.size() != x.delta.shape(0) || x.rho.size() != n)
-      throw py::value_error("allocate: context terms of different shapes (delta [grids, rows], alpha [n, grids], "
-                            "jump [grids], rho [n])");
-    x.cc = ContextCost{t[1].cast<double>(), x.delta.data(), x.delta.shape(0), x.delta.shape(1), x.alpha.data(),
-                       x.jump.data(), x.rho.data()};
+    if (x.delta.ndim() != 2 || x.alpha.ndim() != 2 || x.alpha.shape(0) != n || x.alpha.shape(1) != x.delta.shape(0))
+      throw py::value_error("allocate: context terms of different shapes (delta [grids, rows], alpha [n, grids])");
+    x.cc = ContextCost{t[1].cast<double>(), x.delta.data(), x.delta.shape(0), x.delta.shape(1), x.alpha.data()};
     x.has_contexts = true;
     return;
   }
@@ -164,52 +155,33 @@ void walk_into(const double* S, py::ssize_t n, py::ssize_t width, const std::int
   const Attention* att = x.has_attention ? &x.att : nullptr;
   const std::int64_t* ctx = x.has_attention ? x.context.data() : nullptr;
   const ContextCost* cc = x.has_contexts ? &x.cc : nullptr;
-  // Candidates in (request, position) order; a survival that rises along a draft is refused. The global walk
-  // ranks a request that pays a jump to draft at all by its best first block (allocator.block_keys).
-  const bool blocks = cc && !q.greedy;
+  // Candidates in (request, position) order; a survival that rises along a draft is refused.
   std::vector<std::int32_t> row, pos;
-  std::vector<double> gain, key;
+  std::vector<double> gain;
   row.reserve(n * width);
   pos.reserve(n * width);
   gain.reserve(n * width);
-  if (blocks) key.reserve(n * width);
   for (py::ssize_t r = 0; r < n; ++r) {
     const std::int64_t len = L[r];
     if (len < 0 || len > width) throw py::value_error("allocate: a draft length exceeds the survival matrix");
     const double* s = S + r * width;
-    for (std::int64_t j = 1; j < len; ++j)
-      if (s[j] - s[j - 1] > 1e-12)
+    for (std::int64_t j = 0; j < len; ++j) {
+      if (j > 0 && s[j] - s[j - 1] > 1e-12)
         throw py::value_error("allocate: survival of request " + std::to_string(r) +
                               " increases along the draft; expected prefix survival");
-    std::int64_t block = 0;  // the first `block` rows rank at `per_row`
-    double per_row = -INFINITY;
-    if (blocks && cc->rho[r] > 0.0) {
-      double total = 0.0;
-      for (std::int64_t j = 0; j < len; ++j) {
-        total += s[j];
-        const double v = total / (double(j + 1) + cc->rho[r]);
-        if (v > per_row) {
-          per_row = v;
-          block = j + 1;
-        }
-      }
-    }
-    for (std::int64_t j = 0; j < len; ++j) {
       if (s[j] > 0.0) {
         row.push_back(std::int32_t(r));
         pos.push_back(std::int32_t(j));
         gain.push_back(s[j]);
-        if (blocks) key.push_back(j < block ? per_row : s[j]);
       }
     }
   }
-  const std::vector<std::int32_t> order = descending_stable(blocks ? key : gain);
+  const std::vector<std::int32_t> order = descending_stable(gain);
   std::size_t m = order.size();
   if (q.budget >= 0 && std::size_t(q.budget) < m) m = std::size_t(q.budget);
   if (curve_len < py::ssize_t(n + m + 1) || (cc && cc->len < py::ssize_t(n + m + 1)))
     throw py::value_error("allocate: the cost curve is shorter than the rows of this step");
   std::vector<double> W(cc ? cc->grids : 0, 0.0);  // running sums of the admitted rows' context weights
-  std::vector<double> V(cc ? cc->grids : 0, 0.0);  // and of the admitted first rows' (the requests that draft)
 
   double attn_total = 0.0;
   std::vector<char> opens;  // opens[j]: draft row j + 1 starts another attention tile
@@ -240,9 +212,7 @@ void walk_into(const double* S, py::ssize_t n, py::ssize_t width, const std::int
     } else if (cc) {
       const double* a = cc->alpha + std::size_t(row[c]) * cc->grids;
       for (py::ssize_t g = 0; g < cc->grids; ++g) W[g] += a[g];
-      if (pos[c] == 0)
-        for (py::ssize_t g = 0; g < cc->grids; ++g) V[g] += a[g];
-      verify += cc->extra(W, V, n, k);
+      verify += cc->extra(W, n, k);
     }
     const double theta = theta_at(tau, verify);
     if (q.greedy) {
@@ -428,13 +398,10 @@ py::tuple trim_step(py::object conf_obj, i64 offsets, i64 drafted, py::object hi
     for (py::ssize_t r = 0; r < n; ++r) attention += extras.att.at(len[r], extras.context.data()[r]);
   if (extras.has_contexts) {
     const ContextCost& cc = extras.cc;
-    std::vector<double> W(cc.grids, 0.0), V(cc.grids, 0.0);
+    std::vector<double> W(cc.grids, 0.0);
     for (py::ssize_t r = 0; r < n; ++r)
-      for (py::ssize_t g = 0; g < cc.grids; ++g) {
-        W[g] += cc.alpha[r * cc.grids + g] * double(len[r]);
-        V[g] += cc.alpha[r * cc.grids + g] * (len[r] > 0 ? 1.0 : 0.0);
-      }
-    attention = rows > n ? cc.extra(W, V, n, std::size_t(rows - n)) : cc.base;
+      for (py::ssize_t g = 0; g < cc.grids; ++g) W[g] += cc.alpha[r * cc.grids + g] * double(len[r]);
+    attention = rows > n ? cc.extra(W, n, std::size_t(rows - n)) : cc.base;
   }
   if (rows >= curve.shape(0)) throw py::value_error("allocate: the cost curve is shorter than the rows of this step");
   const double linear = curve.data()[rows];

