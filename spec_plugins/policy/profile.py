@@ -147,8 +147,7 @@ def profile_engine(
     vocab = cfg.get("vocab_size")
     if not isinstance(vocab, int) or vocab < 2:
         raise ValueError(f"model: expected vocab_size in {path}/config.json, got {vocab!r}")
-    # Room for the prompt, the outputs and a full draft on the last step, so no draft is ever clipped.
-    room = steps + 3 + max(draft_lens) + 16
+    room = step_room(steps, max(draft_lens))
     limit = cfg.get("max_position_embeddings")
     if isinstance(limit, int) and context_len + room > limit:
         raise ValueError(f"context_len: expected at most {limit - room} for this model "
@@ -156,19 +155,16 @@ def profile_engine(
     engine = _engine_name()
     if "cpu" in engine:
         env = _cpu_kv_cache(cfg, dtype, max(batch_sizes) * (context_len + room), env)
-    from spec_plugins.bench.vllm_run import Engine, EngineRun
+    from spec_plugins.bench.vllm_run import Engine
 
     prompts = _prompts(vocab, max(batch_sizes), context_len, seed)
     points: list[dict] = []
     with _Bar(len(draft_lens) * len(batch_sizes), progress) as bar:
         for d in draft_lens:
             bar.describe(f"draft {d}: starting vLLM")
-            spec = EngineRun(
-                model=path, prompts=prompts[:1], max_tokens=steps, dtype=dtype, max_model_len=context_len + room,
-                seed=seed, warmup=False, ignore_eos=True, enforce_eager=enforce_eager,
-                engine_kwargs=_engine_kwargs(max(batch_sizes), d),
-                **_speculation(d, token=vocab - 1),
-            )
+            spec = step_engine_run(path, prompts[0], d, vocab - 1, max_batch=max(batch_sizes), steps=steps,
+                                   dtype=dtype, max_model_len=context_len + room, seed=seed,
+                                   enforce_eager=enforce_eager)
             with Engine(spec, env=env) as eng:
                 for b in batch_sizes:
                     bar.describe(f"draft {d}, batch {b}")
@@ -207,7 +203,26 @@ def _cpu_kv_cache(cfg: dict, dtype: str, tokens: int, env: dict | None) -> dict:
     return dict(env or {})
 
 
-def _speculation(draft: int, token: int) -> dict:
+def step_room(steps: int, max_draft: int) -> int:
+    """Tokens past the prompt a timed run needs: its outputs and a full draft on the last step, so no draft is
+    ever clipped."""
+    return steps + 3 + max_draft + 16
+
+
+def step_engine_run(path: str, prompt: list[int], draft: int, token: int, *, max_batch: int, steps: int, dtype: str,
+                    max_model_len: int, seed: int = 0, enforce_eager: bool = True,
+                    max_requests: int | None = None) -> Any:
+    """The EngineRun whose steps a profile times: `fixed_draft` drafting `draft` copies of `token` (for the first
+    `max_requests` requests of each step; None: all), the whole batch in one step."""
+    from spec_plugins.bench.vllm_run import EngineRun
+
+    return EngineRun(model=path, prompts=[prompt], max_tokens=steps, dtype=dtype, max_model_len=max_model_len,
+                     seed=seed, warmup=False, ignore_eos=True, enforce_eager=enforce_eager,
+                     engine_kwargs=_engine_kwargs(max_batch, draft),
+                     **_speculation(draft, token=token, max_requests=max_requests))
+
+
+def _speculation(draft: int, token: int, max_requests: int | None = None) -> dict:
     # D = 0 runs in a speculative engine too (K = 1, nothing drafted): the cost a policy sees when it
     # drafts nothing in such an engine. Without speculation vLLM schedules asynchronously, and its step
     # timing is not comparable (measured here: 35 ms vs 23 ms for one request at D = 0 vs D = 1).
@@ -215,6 +230,8 @@ def _speculation(draft: int, token: int) -> dict:
     # on random prompts falls into loops, where a repeated token is accepted (SmolLM2: 12-30% of the
     # steps at batch 4-16), and accepted drafts let requests run out of step with each other.
     options = {"length": draft, "token": token}
+    if max_requests is not None:
+        options["max_requests"] = max_requests
     return {
         "speculative_config": {"method": "custom_class", "model": CUSTOM_CLASS, "num_speculative_tokens": max(draft, 1)},
         "additional_config": {"spec_plugins": {"proposer": "fixed_draft", "proposer_options": options}},
