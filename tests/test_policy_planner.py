@@ -246,6 +246,17 @@ def test_policy_e2e_configurations_and_bad_input(capsys):
         assert msg in capsys.readouterr().err
 
 
+def test_policy_e2e_round_order_rotates():
+    from spec_plugins.bench.policy_e2e import round_order
+
+    names = ["none", "ours", "vllm:suffix K=2", "vllm:ngram K=2"]
+    orders = [round_order(names, r) for r in range(5)]
+    assert orders[0] == names and orders[4] == names  # every configuration starts one round in len(names)
+    assert [o[0] for o in orders[:4]] == names
+    assert all(sorted(o) == sorted(names) for o in orders)
+    assert round_order([], 3) == []
+
+
 def test_shipped_cpu_profile_loads_and_grows_with_tokens():
     from spec_plugins.policy.measured import MeasuredCost, load_profile, profile_path
 

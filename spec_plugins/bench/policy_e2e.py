@@ -6,7 +6,10 @@
 
 One engine per configuration (no speculation, each static K, the adaptive policy with K as its cap,
 optionally vLLM's native methods at their own K), all alive at once and timed in turns, so every ratio comes from one
-run on one machine state. At concurrency c the engine gets c prompts in one `generate` call (c = 1:
+run on one machine state. Each round starts every engine afresh and takes them in a rotated order: on this 2-core
+host two engine processes with the same configuration run steadily 10-15% apart (memory layout; the first one
+started was the slowest in two runs of four identical engines, benchmarks/RESULTS.md), a bias that engines kept
+for all rounds carry into every round, and that new processes turn into noise the rounds' median sees. At concurrency c the engine gets c prompts in one `generate` call (c = 1:
 `--sequential` prompts one after another). Every round and concurrency level takes prompts no engine
 has seen before: the suffix tree remembers finished responses, and a repeated prompt would be answered
 from memory. Reported per configuration and concurrency: output tokens/s (the median of the rounds, which
@@ -51,6 +54,12 @@ def configurations(proposer: str, static_k: list[int], adaptive_k: int, policy_o
     return out
 
 
+def round_order(names: list[str], r: int) -> list[str]:
+    """The configurations in round r's order: rotated by r, so no configuration always starts or follows another."""
+    k = r % len(names) if names else 0
+    return names[k:] + names[:k]
+
+
 def timed(engine: Engine, prompts: list, max_tokens: int, concurrency: int) -> RunResult:
     """One round at `concurrency`: all prompts in one call, or one by one at concurrency 1."""
     if concurrency > 1:
@@ -78,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--keep-engines", action="store_true",
+                    help="start each engine once for all rounds (faster; carries each process's own speed bias)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
 
@@ -133,22 +144,34 @@ def main(argv: list[str] | None = None) -> int:
     configs = configurations(args.proposer, static_k, args.adaptive_k, policy_options, natives, native_k)
     engines: dict[str, Engine] = {}
     rounds: dict[str, dict[int, list[RunResult]]] = {name: {c: [] for c in conc} for name in configs}
+    def start(order: list[str], status) -> None:
+        for name in order:
+            if name in engines:
+                continue
+            spec, extra = configs[name]
+            status.update(f"starting vLLM: {name}")
+            engines[name] = Engine(EngineRun(model=model, prompts=prompts[:1], max_tokens=8, dtype=args.dtype,
+                                             chat=True, speculative_config=spec, additional_config=extra))
+
+    def close_all() -> None:
+        for name in list(engines):
+            engines.pop(name).close()
+
     try:
         with err.status("starting engines") as status:
-            for name, (spec, extra) in configs.items():
-                status.update(f"starting vLLM: {name}")
-                engines[name] = Engine(EngineRun(model=model, prompts=prompts[:1], max_tokens=8, dtype=args.dtype,
-                                                 chat=True, speculative_config=spec, additional_config=extra))
             cursor = 0
             for r in range(args.repeats):
+                order = round_order(list(configs), r)
+                if not args.keep_engines:
+                    close_all()
+                start(order, status)
                 for c, n in zip(conc, per_round):
                     batch, cursor = prompts[cursor: cursor + n], cursor + n
-                    for name, engine in engines.items():
+                    for name in order:
                         status.update(f"round {r + 1}/{args.repeats}, concurrency {c}: {name}")
-                        rounds[name][c].append(timed(engine, batch, args.max_tokens, c))
+                        rounds[name][c].append(timed(engines[name], batch, args.max_tokens, c))
     finally:
-        for engine in engines.values():
-            engine.close()
+        close_all()
 
     rows = []
     for c in conc:
@@ -172,16 +195,22 @@ def main(argv: list[str] | None = None) -> int:
         none = next(r[med] for r in cr if r["config"] == "none")
         best_static = max((r[med] for r in cr if " K=" in r["config"] and not r["config"].startswith("vllm:")),
                           default=None)
-        best_native = max((r[med] for r in cr if r["config"].startswith("vllm:")), default=None)
+        native_rows = [r for r in cr if r["config"].startswith("vllm:")]
+        best_native = max((r[med] for r in native_rows), default=None)
+        # Paired: each round's tokens/s over that round's best native (the engines ran minutes apart at most).
+        native_best_rounds = [max(vals) for vals in zip(*(r["rounds_tokens_per_s"] for r in native_rows))]
         cols = ["config", "tokens/s (median)", "rounds min-max", "vs none", *(["vs best static"] if best_static else []),
-                *(["vs best native"] if best_native else []), "accepted len", "drafted/draft", "identical"]
+                *(["vs best native", "paired"] if best_native else []), "accepted len", "drafted/draft",
+                "identical"]
         for col in cols:
             t.add_column(col, justify="left" if col == "config" else "right")
         for r in cr:
             spread = f"{min(r['rounds_tokens_per_s']):.1f}-{max(r['rounds_tokens_per_s']):.1f}"
             t.add_row(r["config"], f"{r[med]:.1f}", spread, f"{r[med] / none:.2f}x",
                       *([f"{r[med] / best_static:.3f}x"] if best_static else []),
-                      *([f"{r[med] / best_native:.3f}x"] if best_native else []),
+                      *([f"{r[med] / best_native:.3f}x",
+                         f"{statistics.median(a / b for a, b in zip(r['rounds_tokens_per_s'], native_best_rounds)):.3f}x"]
+                        if best_native else []),
                       f"{r['acceptance_length']:.2f}", f"{r['draft_tokens_per_draft']:.2f}",
                       "yes" if r["identical"] else "[red]NO[/]")
         out.print(t)
