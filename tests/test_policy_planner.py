@@ -247,7 +247,7 @@ def test_policy_e2e_configurations_and_bad_input(capsys):
 
 
 def test_policy_e2e_round_order_rotates():
-    from spec_plugins.bench.policy_e2e import round_order
+    from spec_plugins.bench.policy_e2e import round_order, warm_prompts
 
     names = ["none", "ours", "vllm:suffix K=2", "vllm:ngram K=2"]
     orders = [round_order(names, r) for r in range(5)]
@@ -255,6 +255,8 @@ def test_policy_e2e_round_order_rotates():
     assert [o[0] for o in orders[:4]] == names
     assert all(sorted(o) == sorted(names) for o in orders)
     assert round_order([], 3) == []
+    warm = warm_prompts(32)
+    assert len(warm) == 32 and all(len(p) == 64 for p in warm) and len({tuple(p) for p in warm}) == 32
 
 
 def test_shipped_cpu_profile_loads_and_grows_with_tokens():

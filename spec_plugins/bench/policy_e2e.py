@@ -5,16 +5,23 @@
         --native-k 4,8,16] --json OUT.json
 
 One engine per configuration (no speculation, each static K, the adaptive policy with K as its cap,
-optionally vLLM's native methods at their own K), all alive at once and timed in turns, so every ratio comes from one
-run on one machine state. Each round starts every engine afresh and takes them in a rotated order: on this 2-core
-host two engine processes with the same configuration run steadily 10-15% apart (memory layout; the first one
-started was the slowest in two runs of four identical engines, benchmarks/RESULTS.md), a bias that engines kept
-for all rounds carry into every round, and that new processes turn into noise the rounds' median sees. At concurrency c the engine gets c prompts in one `generate` call (c = 1:
-`--sequential` prompts one after another). Every round and concurrency level takes prompts no engine
-has seen before: the suffix tree remembers finished responses, and a repeated prompt would be answered
-from memory. Reported per configuration and concurrency: output tokens/s (the median of the rounds, which
-the ratios use, with the rounds' range; all rounds' tokens over their time in the JSON), mean accepted
-length, drafted tokens per draft, and whether the greedy outputs equal the no-speculation run's.
+optionally vLLM's native methods at their own K), all alive at once and timed in turns, so every ratio comes from
+one run on one machine state. At concurrency c the engine gets c prompts in one `generate` call (c = 1:
+`--sequential` prompts one after another).
+
+Rounds are replicates: each round starts every engine afresh, warms it up on a batch of its own, takes the
+engines in a rotated order, and runs the same prompts as every other round; within a round each concurrency level
+takes prompts the engines have not seen (the suffix tree remembers finished responses, and a repeated prompt would
+be answered from memory). So neither a process's own speed nor its place in the round follows one configuration
+through all rounds, and the rounds differ only by the machine (benchmarks/RESULTS.md, "Replicates"). With
+`--keep-engines` the engines live through all rounds and each round takes new prompts: then rounds also differ by
+their prompts (with the workloads interleaved, later rounds run out of the shorter files: on the shipped ones the
+last of four rounds was all Spec-Bench and ran 3-4x faster than the first).
+
+Reported per configuration and concurrency: output tokens/s (the median of the rounds, which the ratios use, with
+the rounds' range; all rounds' tokens over their time in the JSON), the median over rounds of each round's ratio to
+that round's best native ("paired"), mean accepted length, drafted tokens per draft, and whether the greedy outputs
+equal the no-speculation run's.
 """
 
 from __future__ import annotations
@@ -58,6 +65,12 @@ def round_order(names: list[str], r: int) -> list[str]:
     """The configurations in round r's order: rotated by r, so no configuration always starts or follows another."""
     k = r % len(names) if names else 0
     return names[k:] + names[:k]
+
+
+def warm_prompts(n: int, length: int = 64) -> list[list[int]]:
+    """n token-id prompts of no language: a new engine's first batch runs slower (in one run of four fresh engines
+    1.3-2x; benchmarks/engine_bias.py), and what a suffix tree remembers of their answers helps no timed prompt."""
+    return [[100 + (37 * i + 11 * j) % 4000 for j in range(length)] for i in range(n)]
 
 
 def timed(engine: Engine, prompts: list, max_tokens: int, concurrency: int) -> RunResult:
@@ -129,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         prompts = [p for group in itertools.zip_longest(*sets) for p in group if p is not None]
         prompts = prompts or demo_prompts(None)
         per_round = [args.sequential if c == 1 else c for c in conc]
-        need = args.repeats * sum(per_round)
+        need = (args.repeats if args.keep_engines else 1) * sum(per_round)
         if len(prompts) < need:
             raise ValueError(f"prompts: {args.repeats} rounds at concurrency {args.concurrency} need {need} distinct "
                              f"prompts, got {len(prompts)} (add --workload or --spec-bench files)")
@@ -164,7 +177,12 @@ def main(argv: list[str] | None = None) -> int:
                 order = round_order(list(configs), r)
                 if not args.keep_engines:
                     close_all()
+                    cursor = 0  # new engines remember nothing: every round runs the same prompts
                 start(order, status)
+                if not args.keep_engines:
+                    for name in order:
+                        status.update(f"round {r + 1}/{args.repeats}: warming up {name}")
+                        engines[name].generate(warm_prompts(max(conc)), 16)
                 for c, n in zip(conc, per_round):
                     batch, cursor = prompts[cursor: cursor + n], cursor + n
                     for name in order:
