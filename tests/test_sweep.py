@@ -152,6 +152,18 @@ def test_prompt_slices_are_disjoint_and_cover_each_concurrency():
         sweep.slice_prompts(prompts, 3, [1, 4])
 
 
+def test_replicate_rounds_repeat_the_same_prompts():
+    prompts = load_workload("code")
+    slices = sweep.slice_prompts(prompts, 3, [1, 2], per_slice=2, replicate=True)
+    assert set(slices) == {(r, c) for r in range(3) for c in (1, 2)}
+    assert all([p.id for p in slices[(r, c)]] == [p.id for p in slices[(0, c)]] for r in range(3) for c in (1, 2))
+    assert not {p.id for p in slices[(0, 1)]} & {p.id for p in slices[(0, 2)]}  # a round never repeats a prompt
+    # Only the concurrency levels need distinct prompts: 3 rounds fit where 3 x 2 disjoint slices would not.
+    assert len(prompts) < 3 * 2 * 4 and sweep.slice_prompts(prompts, 3, [1, 4], replicate=True)[(2, 4)]
+    with pytest.raises(ValueError, match="cannot give 2 concurrency levels"):
+        sweep.slice_prompts(prompts[:5], 3, [1, 4], replicate=True)
+
+
 def test_spec_decode_counters_from_metrics_text():
     text = ("# HELP vllm:spec_decode_num_drafts_total Drafts\n# TYPE vllm:spec_decode_num_drafts_total counter\n"
             'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 12.0\n'

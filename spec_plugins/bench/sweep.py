@@ -9,8 +9,10 @@ Per round and configuration it starts `vllm serve` on 127.0.0.1 (stopped by its 
 also when a request fails), warms it up, then sends each concurrency level its own prompts with the OpenAI
 client, streaming, so each request's time to first token and time per output token are measured; vLLM's
 spec-decode counters (`/metrics`) give drafted and accepted tokens. Configurations take turns within a
-round and every (round, concurrency) slice has prompts no server has seen, so a noisy moment or a proposer
-that remembers answers skews no single configuration. Greedy outputs are compared with the no-speculation
+round, their order rotating, and within a round each concurrency level has prompts the server has not seen (a
+proposer that remembers answers would answer a repeated one from memory). Every round starts new servers, so
+every round runs the same prompts: rounds are replicates that differ only by the machine. With `--url` (one
+server for all rounds) each round takes new prompts instead. Greedy outputs are compared with the no-speculation
 run's, prompt by prompt.
 
 Methods: `none`; vLLM's own `ngram` and `suffix`; our proposers by name (`suffix_tree`, `spec_plugins:ngram`,
@@ -284,18 +286,22 @@ class SweepPlan:
     url: str | None = None  # a running server instead of ours (one configuration only)
 
 
-def slice_prompts(prompts: list[Prompt], rounds: int, concurrency: Sequence[int], per_slice: int | None = None
-                  ) -> dict[tuple[int, int], list[Prompt]]:
-    """Disjoint prompts for every (round, concurrency): `per_slice` each (default: as many as there are,
-    evenly), at least the concurrency level's worth."""
-    slots = [(r, c) for r in range(rounds) for c in concurrency]
-    per = per_slice or len(prompts) // len(slots)
+def slice_prompts(prompts: list[Prompt], rounds: int, concurrency: Sequence[int], per_slice: int | None = None,
+                  replicate: bool = False) -> dict[tuple[int, int], list[Prompt]]:
+    """Prompts for every (round, concurrency): `per_slice` each (default: as many as there are, evenly), at least
+    the concurrency level's worth, disjoint across concurrency levels. replicate: every round gets the same
+    slices (servers started anew each round remember nothing); else every (round, concurrency) its own."""
+    slots = [(0 if replicate else r, c) for r in range(rounds) for c in concurrency]
+    distinct = list(dict.fromkeys(slots))
+    per = per_slice or len(prompts) // len(distinct)
     need = max(concurrency)
-    if per < need or per * len(slots) > len(prompts):
-        raise ValueError(f"workload: {len(prompts)} prompts cannot give {len(slots)} rounds x concurrency levels "
-                         f"{max(per, need)} distinct prompts each (needs {max(per, need) * len(slots)}); add prompts "
-                         "or lower --rounds / --concurrency")
-    return {slot: prompts[i * per:(i + 1) * per] for i, slot in enumerate(slots)}
+    if per < need or per * len(distinct) > len(prompts):
+        what = "concurrency levels" if replicate else "rounds x concurrency levels"
+        raise ValueError(f"workload: {len(prompts)} prompts cannot give {len(distinct)} {what} {max(per, need)} "
+                         f"distinct prompts each (needs {max(per, need) * len(distinct)}); add prompts or lower "
+                         "--rounds / --concurrency")
+    taken = {slot: prompts[i * per:(i + 1) * per] for i, slot in enumerate(distinct)}
+    return {(r, c): taken[(0 if replicate else r, c)] for r in range(rounds) for c in concurrency}
 
 
 def run_sweep(plan: SweepPlan, log_dir: Path, progress: Callable[[str | None], None] | None = None
@@ -546,8 +552,9 @@ def write_traces(out: Path, model: str, loads: list[LoadResult], prompts: dict[s
     traces replayed on them (`traces/sweep/<proposer>.json`), for `spec-plugins plan --acceptance`."""
     from spec_plugins.bench import replay
 
-    lines = [json.dumps({"id": r.id, "prompt": prompts[r.id].turns[0], "response": r.texts[0], "chat": True})
-             for load in loads if load.config == "none" for r in load.requests]
+    answers = {r.id: r.texts[0] for load in loads if load.config == "none" for r in load.requests}  # once per prompt
+    lines = [json.dumps({"id": i, "prompt": prompts[i].turns[0], "response": text, "chat": True})
+             for i, text in answers.items()]
     responses = out / "responses.jsonl"
     responses.write_text("\n".join(lines) + "\n")
     rows = replay.load_workload(responses, replay.TextTokenizer(model))
@@ -636,12 +643,13 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
                                  turns=args.turns)
     prompts = _interleave(prompts, specs)
     plan = SweepPlan(model, configs, conc, args.rounds, args.max_tokens,
-                     slice_prompts(prompts, args.rounds, conc, args.per_slice), shlex.split(args.serve_args),
+                     slice_prompts(prompts, args.rounds, conc, args.per_slice, replicate=args.url is None),
+                     shlex.split(args.serve_args),
                      env={"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}, url=args.url)
     out = Path(args.out)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     console.print(f"[bold]sweep[/]: {len(configs)} configurations x {len(conc)} concurrency levels x {args.rounds} "
-                  f"rounds, {sum(len(v) for v in plan.slices.values())} prompts; logs in {out / 'logs'}")
+                  f"rounds, {len({p.id for v in plan.slices.values() for p in v})} prompts; logs in {out / 'logs'}")
     bar = tqdm(total=len(configs) * args.rounds, desc="sweep", unit="server", disable=not sys.stderr.isatty())
 
     def progress(what: str | None) -> None:
