@@ -101,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--keep-engines", action="store_true",
-                    help="start each engine once for all rounds (faster; carries each process's own speed bias)")
+                    help="start each engine once for all rounds (faster; each round then takes new prompts, so rounds "
+                         "are no longer replicates)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
 
@@ -157,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     configs = configurations(args.proposer, static_k, args.adaptive_k, policy_options, natives, native_k)
     engines: dict[str, Engine] = {}
     rounds: dict[str, dict[int, list[RunResult]]] = {name: {c: [] for c in conc} for name in configs}
+
     def start(order: list[str], status) -> None:
         for name in order:
             if name in engines:
