@@ -3,7 +3,7 @@
     python benchmarks/engine_bias.py [--engines 4] [--rounds 4] [--concurrency 8] [--max-tokens 128] [--json OUT]
 
 Every engine gets the same prompts each round; rounds take the engines in a rotated order
-(`policy_e2e.round_order`), so each engine holds each position once in N rounds. Printed: tokens/s per engine and
+(`vllm_run.round_order`), so each engine holds each position once in N rounds. Printed: tokens/s per engine and
 per position (mean and range over rounds), and a permutation test of "the engine explains the spread": the
 F statistic of the per-engine groups against the same statistic with the engine labels shuffled within each
 round, 10,000 times. A small p says that keeping one process per configuration for a whole benchmark builds a
@@ -50,9 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from spec_plugins.bench.policy_e2e import round_order
     from spec_plugins.bench.prompts import demo_prompts
-    from spec_plugins.bench.vllm_run import Engine, EngineRun
+    from spec_plugins.bench.vllm_run import Engine, EngineRun, round_order
     from spec_plugins.models import smollm2_path
 
     err = Console(stderr=True)

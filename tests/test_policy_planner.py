@@ -247,7 +247,8 @@ def test_policy_e2e_configurations_and_bad_input(capsys):
 
 
 def test_policy_e2e_round_order_rotates():
-    from spec_plugins.bench.policy_e2e import round_order, warm_prompts
+    from spec_plugins.bench.policy_e2e import warm_prompts
+    from spec_plugins.bench.vllm_run import round_order
 
     names = ["none", "ours", "vllm:suffix K=2", "vllm:ngram K=2"]
     orders = [round_order(names, r) for r in range(5)]

@@ -33,7 +33,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from spec_plugins.bench.vllm_run import Engine, EngineRun, RunResult, concat
+from spec_plugins.bench.vllm_run import Engine, EngineRun, RunResult, concat, round_order
 from spec_plugins.demo import NATIVE_METHODS, native_config
 
 FORMAT = "spec-plugins-policy-e2e/1"
@@ -59,12 +59,6 @@ def configurations(proposer: str, static_k: list[int], adaptive_k: int, policy_o
         for k in native_k:
             out[f"vllm:{native} K={k}"] = (native_config(native, k), None)
     return out
-
-
-def round_order(names: list[str], r: int) -> list[str]:
-    """The configurations in round r's order: rotated by r, so no configuration always starts or follows another."""
-    k = r % len(names) if names else 0
-    return names[k:] + names[:k]
 
 
 def warm_prompts(n: int, length: int = 64) -> list[list[int]]:

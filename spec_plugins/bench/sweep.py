@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from spec_plugins.bench.vllm_run import round_order
 from spec_plugins.bench.workloads import Prompt, load_workload
 
 FORMAT = "spec-plugins-sweep/1"
@@ -291,8 +292,8 @@ def slice_prompts(prompts: list[Prompt], rounds: int, concurrency: Sequence[int]
     """Prompts for every (round, concurrency): `per_slice` each (default: as many as there are, evenly), at least
     the concurrency level's worth, disjoint across concurrency levels. replicate: every round gets the same
     slices (servers started anew each round remember nothing); else every (round, concurrency) its own."""
-    slots = [(0 if replicate else r, c) for r in range(rounds) for c in concurrency]
-    distinct = list(dict.fromkeys(slots))
+    own = 1 if replicate else rounds  # rounds with prompts of their own
+    distinct = [(r, c) for r in range(own) for c in concurrency]
     per = per_slice or len(prompts) // len(distinct)
     need = max(concurrency)
     if per < need or per * len(distinct) > len(prompts):
@@ -301,7 +302,7 @@ def slice_prompts(prompts: list[Prompt], rounds: int, concurrency: Sequence[int]
                          f"distinct prompts each (needs {max(per, need) * len(distinct)}); add prompts or lower "
                          "--rounds / --concurrency")
     taken = {slot: prompts[i * per:(i + 1) * per] for i, slot in enumerate(distinct)}
-    return {(r, c): taken[(0 if replicate else r, c)] for r in range(rounds) for c in concurrency}
+    return {(r, c): taken[(r % own, c)] for r in range(rounds) for c in concurrency}
 
 
 def run_sweep(plan: SweepPlan, log_dir: Path, progress: Callable[[str | None], None] | None = None
@@ -311,9 +312,8 @@ def run_sweep(plan: SweepPlan, log_dir: Path, progress: Callable[[str | None], N
     from spec_plugins.bench.serve import VllmServer
 
     results: list[LoadResult] = []
-    n = len(plan.configs)
     for round_ in range(plan.rounds):
-        order = plan.configs[round_ % n:] + plan.configs[: round_ % n]
+        order = round_order(plan.configs, round_)
         for config in order:
             if progress:
                 progress(f"round {round_ + 1}/{plan.rounds}: {config.name}")

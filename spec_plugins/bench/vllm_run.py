@@ -160,6 +160,12 @@ def concat(results: list[RunResult]) -> RunResult:
     )
 
 
+def round_order(names: list, r: int) -> list:
+    """The configurations in round r's order: rotated by r, so no configuration always starts or follows another."""
+    k = r % len(names) if names else 0
+    return names[k:] + names[:k]
+
+
 def run_side_by_side(specs: list[EngineRun], repeats: int = 3, on_start: Any = None,
                      prompt_rounds: list[list[Any]] | None = None) -> list[RunResult]:
     """Start every engine, then time them in turns; one result per engine.
