@@ -7,6 +7,11 @@
 // Between steps it reads 64 MB, as an engine's own work between two drafting steps would push the trees out of
 // cache. Prints the median and minimum microseconds per step over the steps after the first five. To compare a
 // change to suffix_tree.hpp, build the driver twice (-I pointing at each header) and run the two in turns.
+//
+// Instructions and simulated cache misses of the timed steps only, which do not depend on the machine's load
+// (build with -DCOUNT_WITH_CALLGRIND -g, then run under callgrind with the 32 MB last-level cache of this VM):
+//   valgrind --tool=callgrind --instr-atstart=no --collect-atstart=no --cache-sim=yes --LL=33554432,16,64 \
+//       /tmp/driver BATCHES 1 0 16        # then: callgrind_annotate callgrind.out.PID
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -15,6 +20,12 @@
 #include <vector>
 
 #include "suffix_tree.hpp"
+#ifdef COUNT_WITH_CALLGRIND
+#include <valgrind/callgrind.h>
+#define TIMED_STEP_BOUNDARY CALLGRIND_TOGGLE_COLLECT
+#else
+#define TIMED_STEP_BOUNDARY
+#endif
 
 using namespace suffix_tree;
 
@@ -62,6 +73,9 @@ int main(int argc, char** argv) {
   std::vector<char> other(64 << 20, 1);
   long sink = 0;
   std::vector<double> us;
+#ifdef COUNT_WITH_CALLGRIND
+  CALLGRIND_START_INSTRUMENTATION;  // the 64 MB reads between steps then evict the simulated caches too
+#endif
   for (int s = 0; s < steps; ++s) {
     for (int i = 0; i < B; ++i) {
       const int k = fresh[size_t(s) * B + i];
@@ -71,7 +85,9 @@ int main(int argc, char** argv) {
     }
     for (size_t q = 0; q < other.size(); q += 64) sink += other[q]++;
     const auto t0 = std::chrono::steady_clock::now();
+    if (s >= 5) TIMED_STEP_BOUNDARY;
     cache.step(rows, out, pool.get(), 64);
+    if (s >= 5) TIMED_STEP_BOUNDARY;
     const auto t1 = std::chrono::steady_clock::now();
     if (s >= 5) us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
   }

@@ -326,7 +326,7 @@ class PyCache {
       row.tok = copies[i].data();
     }
 
-    std::vector<Draft> drafts;
+    std::vector<Draft>& drafts = drafts_;  // kept between steps: their buffers are reused
     {
       py::gil_scoped_release release;
       if (n >= parallel_from_ && workers_ != 0 && !pool_) pool_ = std::make_unique<spec_plugins::WorkerPool>(workers_);
@@ -394,6 +394,7 @@ class PyCache {
   Cache cache_;
 
  private:
+  std::vector<Draft> drafts_;
   static CacheOptions make_options(long long max_depth, long long max_cached, bool cache_active,
                                    const std::string& tie, double factor, double offset, double min_prob,
                                    const CopyParams& copy) {

@@ -875,7 +875,15 @@ class Cache {
   // benchmarks/RESULTS.md), so a priced draft is always a prefix of the unpriced one.
   // The score stays the unpriced draft's.
   Draft speculate(Req& r, i32 max_tokens, double price = 0.0) {
-    Draft best = speculate_unpriced(r, max_tokens);
+    Draft best;
+    speculate_into(r, max_tokens, price, best);
+    return best;
+  }
+
+  // The same into `best`, whose buffers a batched step keeps from one step to the next (no allocation
+  // per request and step).
+  void speculate_into(Req& r, i32 max_tokens, double price, Draft& best) {
+    speculate_unpriced(r, max_tokens, best);
     if (price > 0.0) {
       size_t keep = 0;
       while (keep < best.probs.size() && best.probs[keep] >= price) ++keep;
@@ -886,30 +894,38 @@ class Cache {
         r.copied = false;  // as unpriced: an empty draft came from no candidate
       }
     }
-    return best;
   }
 
-  Draft speculate_unpriced(Req& r, i32 max_tokens) {
-    Draft best;
+  void speculate_unpriced(Req& r, i32 max_tokens, Draft& best) {
+    best.tokens.clear();
+    best.probs.clear();
+    best.score = 0.0;
+    best.match_len = 0;
     best.tokens.reserve(max_tokens);  // one allocation per draft, not one per doubling
     best.probs.reserve(max_tokens);
     r.copied = false;
     r.local->speculate_self(r.seq, max_tokens, o_.spec, best);
     const Seq& S = r.local->seq(r.seq);
     global_.speculate(S.tok.data(), i32(S.tok.size()), max_tokens, o_.spec, best, r.gseq);  // local wins ties
-    if (!o_.copy.on) return best;
+    if (!o_.copy.on) return;
     // Counts overrate short matches (after one matching token a count ratio of 0.5 is right about
     // 0.2 of the time), so the count draft's expected accepted tokens are discounted by the same
     // match-length reliability h as copies before the two compete; the copy wins ties.
     double s = 0.0;
     for (size_t k = 0; k < best.probs.size(); ++k) s += best.probs[k] * o_.copy.hazard(double(best.match_len) + k);
     best.score = s;
-    Draft copy;
+    thread_local Draft copy;  // per thread: a batched step drafts on several
     copy.tokens.reserve(max_tokens);
     copy.probs.reserve(max_tokens);
     r.copier.draft(S, max_tokens, o_.copy, copy);
     r.copied = !copy.tokens.empty() && copy.score >= best.score;
-    if (r.copied) return copy;
+    if (r.copied) {
+      std::swap(best.tokens, copy.tokens);
+      std::swap(best.probs, copy.probs);
+      best.score = copy.score;
+      best.match_len = copy.match_len;
+      return;
+    }
     // The count draft's probabilities get the same reliability: a count ratio says which continuation is
     // most frequent, not how often a match of this length continues at all (raw ratios predicted 0.71-0.77
     // at the first token where 0.27-0.29 were accepted, on every replay workload). Token k's conditional
@@ -919,7 +935,6 @@ class Cache {
       h *= o_.copy.hazard(double(best.match_len) + double(k));
       best.probs[k] *= h;
     }
-    return best;
   }
 
   const Copier& copier(long long key) { return get(key).copier; }
@@ -972,7 +987,7 @@ class Cache {
     auto own = [&](size_t g) {
       const size_t lo = g * group, hi = std::min(n, lo + group);
       if (!shared_appends) feed_group(reqs.data() + lo, rows.data() + lo, hi - lo);
-      for (size_t i = lo; i < hi; ++i) out[i] = speculate(*reqs[i], rows[i].max_tokens, price);
+      for (size_t i = lo; i < hi; ++i) speculate_into(*reqs[i], rows[i].max_tokens, price, out[i]);
     };
     const size_t groups = (n + group - 1) / group;
     if (pool == nullptr || n < parallel_from) {
