@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from spec_plugins.core import BatchDrafts, Draft, DraftBatch, DraftRequest, FixedLength
 from spec_plugins.drafting import DraftingLayer
 from spec_plugins.proposers.ngram import NgramProposer
+from spec_plugins.proposers.ngram.proposer import match_confidence
 from spec_plugins.proposers.suffix_tree import SuffixTreeProposer
 
 
@@ -88,6 +89,31 @@ def test_ngram_batch_drafts_equal_per_request_drafts(seed, layout):
         got = batched.propose_batch(make_batch(ids, ctxs, [len(c) for c in ctxs], caps, layout, rng))
         assert got.lists() == [d.tokens for d in want]
         assert [d.confidence for d in got.drafts()] == [d.confidence for d in want]  # from the match lengths
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from([1, 2, 3]), st.sampled_from(["matrix32", "matrix64", "lists"]))
+def test_ngram_batch_equals_the_reference_on_long_sparse_contexts(seed, min_ngram, layout):
+    """Hundreds of tokens from larger vocabularies, the end's n-gram often planted earlier: most 32-position
+    blocks of the compiled scan hold no candidate and are skipped whole, and drafts still equal the numpy
+    reference's (`match`), for every min_ngram (from 2 the scan tests the last two tokens)."""
+    rng = np.random.default_rng(seed)
+    prop = NgramProposer(min_ngram=min_ngram, max_ngram=min_ngram + int(rng.integers(0, 4)), parallel_from=2)
+    ctxs = []
+    for _ in range(int(rng.integers(1, 9))):
+        ctx = rng.integers(0, int(rng.integers(20, 400)), size=int(rng.integers(1, 700)))
+        for _ in range(int(rng.integers(0, 3))):  # copies of the end's last m tokens somewhere before it
+            m = int(rng.integers(1, 7))
+            if len(ctx) > 2 * m:
+                at = int(rng.integers(0, len(ctx) - 2 * m))
+                ctx[at : at + m] = ctx[-m:]
+        ctxs.append(ctx.tolist())
+    caps = rng.integers(0, 9, size=len(ctxs))
+    ids = [f"r{i}" for i in range(len(ctxs))]
+    got = prop.propose_batch(make_batch(ids, ctxs, [len(c) for c in ctxs], caps, layout, rng))
+    want = [prop.match(np.array(c), int(k)) for c, k in zip(ctxs, caps)]
+    assert got.lists() == [w[0] for w in want]
+    assert [d.confidence for d in got.drafts()] == [[float(match_confidence(m))] * len(t) for t, m in want]
 
 
 @settings(max_examples=40, deadline=None)

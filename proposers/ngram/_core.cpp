@@ -23,23 +23,45 @@ struct Found {
   std::int64_t match = 0;  // length of the n-gram matched (0: no draft)
 };
 
+// Candidate ends are the positions j < n - 1 whose match with the context's end is at least `need` tokens
+// long (need <= 2: a candidate shorter than min_ngram can never be chosen). Most of the context holds none,
+// so blocks of kBlock positions are first tested with one branch-free compare each, which the compiler
+// vectorises; only blocks with a hit are walked position by position.
+constexpr std::int64_t kBlock = 32;
+
 template <class T>
 Found lookup(const T* tok, std::int64_t n, std::int64_t max_draft, std::int64_t min_ngram, std::int64_t max_ngram) {
   Found f;
   if (max_draft <= 0 || n <= min_ngram) return f;
   const std::int64_t longest = std::min(max_ngram, n - 1);
   const T last = tok[n - 1];
+  const bool pair = min_ngram >= 2;  // then n >= 3, and candidates also match the token before the last
+  const T prev = pair ? tok[n - 2] : last;
   std::int64_t best = 0, best_end = -1;
-  for (std::int64_t j = 0; j + 1 < n; ++j) {
-    if (tok[j] != last) continue;
-    std::int64_t l = 1;
-    while (l < longest && j - l >= 0 && tok[j - l] == tok[n - 1 - l]) ++l;
-    if (l > best) {  // strictly longer: the earliest occurrence of each length wins
-      best = l;
-      best_end = j;
-      if (best == longest) break;
+  const std::int64_t end = n - 1;  // candidate ends j < end
+  std::int64_t j = pair ? 1 : 0;
+  while (j < end) {
+    for (; j + kBlock <= end; j += kBlock) {
+      T hits = 0;  // a sum of the type compared: the reduction the vectoriser takes (a bool |= is not)
+      if (pair) {
+        for (std::int64_t k = 0; k < kBlock; ++k) hits += T(tok[j + k] == last) & T(tok[j + k - 1] == prev);
+      } else {
+        for (std::int64_t k = 0; k < kBlock; ++k) hits += T(tok[j + k] == last);
+      }
+      if (hits) break;
+    }
+    for (const std::int64_t stop = std::min(j + kBlock, end); j < stop; ++j) {
+      if (tok[j] != last) continue;
+      std::int64_t l = 1;
+      while (l < longest && j - l >= 0 && tok[j - l] == tok[n - 1 - l]) ++l;
+      if (l > best) {  // strictly longer: the earliest occurrence of each length wins
+        best = l;
+        best_end = j;
+        if (best == longest) goto found;
+      }
     }
   }
+found:
   if (best < min_ngram || best_end < 0) return f;
   f.start = best_end + 1;
   f.len = std::min(max_draft, n - f.start);
