@@ -114,6 +114,38 @@ def test_best_per_target_takes_the_fastest_lossless_row_under_each_target(tmp_pa
     assert plot_frontier(rows, tmp_path / "p.png", "t").stat().st_size > 10_000
 
 
+def test_plot_labels_of_nearby_points_cover_neither_each_other_nor_a_marker():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.text import Text
+
+    from spec_plugins.bench.frontier import _separate
+
+    # Three configurations within a label's height of each other (as sweeps of one method at one load give)
+    # and one apart.
+    pts = [(14.7, 13.85), (14.9, 13.75), (14.94, 13.67), (20.0, 5.0)]
+    fig, ax = plt.subplots(figsize=(11, 7), dpi=120)
+    ax.scatter(*zip(*pts), s=70)
+    labels = [ax.annotate(f"suffix_tree+adaptive K{i} c1", p, textcoords="offset points", xytext=(7, 5), fontsize=8,
+                          arrowprops=dict(arrowstyle="-")) for i, p in enumerate(pts)]
+    fig.tight_layout()
+    _separate(fig, ax, labels, pts)
+    renderer = fig.canvas.get_renderer()
+    boxes = []
+    for ann in labels:
+        ann.update_positions(renderer)
+        boxes.append(Text.get_window_extent(ann, renderer))
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    half = 5 * fig.dpi / 72
+    for x, y in ax.transData.transform(pts):
+        assert not any(b.overlaps(matplotlib.transforms.Bbox.from_extents(x - half, y - half, x + half, y + half))
+                       for b in boxes)
+    assert labels[3].xyann == (7, 5)  # a label with room keeps its place
+    plt.close(fig)
+
+
 def test_methods_and_their_engine_configs():
     configs = sweep.parse_methods("none,ngram,suffix,suffix_tree,suffix_tree+adaptive", [4, 8], {"profile": "p"})
     assert [c.name for c in configs] == ["none", "ngram K=4", "ngram K=8", "suffix K=4", "suffix K=8",

@@ -58,6 +58,8 @@ def plot_frontier(rows: Sequence[dict], path: str | Path, title: str) -> Path:
     markers = "osD^v<>phX*"
     fig, ax = plt.subplots(figsize=(11, 7), dpi=120)
     cmap = plt.get_cmap("tab10")
+    leader = dict(arrowstyle="-", color="0.6", lw=0.5, shrinkA=0, shrinkB=5)  # drawn once a label is moved
+    labels = []
     for m_i, method in enumerate(methods):
         mine = [i for i, r in enumerate(rows) if r["method"] == method]
         color = cmap(m_i % 10)
@@ -71,10 +73,12 @@ def plot_frontier(rows: Sequence[dict], path: str | Path, title: str) -> Path:
             r = rows[i]
             k = "" if r["draft_length"] is None else f"K{r['draft_length']}"
             if i in on_front:  # the points worth deploying: named in full
-                ax.annotate(f"{method} {k} c{r['concurrency']}".replace("  ", " "), pts[i], textcoords="offset points",
-                            xytext=(7, 5), fontsize=8, fontweight="bold", zorder=4)
+                labels.append(ax.annotate(f"{method} {k} c{r['concurrency']}".replace("  ", " "), pts[i],
+                                          textcoords="offset points", xytext=(7, 5), fontsize=8, fontweight="bold",
+                                          color=color, zorder=4, arrowprops=leader))  # its method's colour
             elif k:
-                ax.annotate(k, pts[i], textcoords="offset points", xytext=(5, -9), fontsize=6.5, color="0.35")
+                labels.append(ax.annotate(k, pts[i], textcoords="offset points", xytext=(5, -9), fontsize=6.5,
+                                          color="0.35", arrowprops=leader))
     for c in sorted({r["concurrency"] for r in rows}):  # one cloud per load level: say which
         mine = [pts[i] for i, r in enumerate(rows) if r["concurrency"] == c]
         x = sum(p[0] for p in mine) / len(mine)
@@ -89,10 +93,56 @@ def plot_frontier(rows: Sequence[dict], path: str | Path, title: str) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
+    _separate(fig, ax, labels, pts)
     out = Path(path)
     fig.savefig(out)
     plt.close(fig)
     return out
+
+
+def _separate(fig: Any, ax: Any, labels: list, points: Sequence[tuple[float, float]]) -> None:
+    """Place each label beside its point where it covers no other label and no marker: configurations of one
+    method often land within a label's height of each other, and their names would print on top of one
+    another. Tried in turn: right above, right below, left above, left below; failing all, moved down from
+    its first place until clear, with a leader line back to its point."""
+    from matplotlib.text import Text
+    from matplotlib.transforms import Bbox
+
+    renderer = fig.canvas.get_renderer()
+    pt = 72 / fig.dpi  # points per pixel
+    half = 5 / pt  # a marker's half width (s=70 is ~8.4 points across), pixels
+    placed = []
+    for x, y in ax.transData.transform(points):
+        placed.append(Bbox.from_extents(x - half, y - half, x + half, y + half))
+
+    def text_box(ann: Any) -> Any:  # the text alone (an annotation's own extent includes its leader line)
+        ann.update_positions(renderer)
+        return Text.get_window_extent(ann, renderer)
+
+    def clear(ann: Any) -> Any:
+        box = text_box(ann)
+        return None if any(box.overlaps(b) for b in placed) else box
+
+    for ann in sorted(labels, key=lambda a: -text_box(a).y1):  # from the top down
+        dx, dy = ann.xyann
+        ann.arrow_patch.set_visible(False)
+        width = text_box(ann).width * pt
+        for offset in ((dx, dy), (dx, -dy - 9), (-dx - width, dy), (-dx - width, -dy - 9)):
+            ann.xyann = offset
+            box = clear(ann)
+            if box is not None:
+                break
+        else:
+            ann.xyann = (dx, dy)
+            ann.arrow_patch.set_visible(True)
+            for _ in range(len(placed)):
+                box = text_box(ann)
+                hit = next((b for b in placed if box.overlaps(b)), None)
+                if hit is None:
+                    break
+                ann.xyann = (ann.xyann[0], ann.xyann[1] - (box.y1 - hit.y0 + 1) * pt)
+            box = text_box(ann)
+        placed.append(box)
 
 
 def frontier_table(rows: Sequence[dict]) -> list[dict[str, Any]]:
