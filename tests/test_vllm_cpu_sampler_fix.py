@@ -34,7 +34,8 @@ def test_vllm_cpu_expand_is_broken_and_register_replaces_it_before_the_platform_
     code = """
 import os, sys, torch
 os.environ.pop("SPEC_PLUGINS_CPU_SAMPLER_FIX", None)
-import vllm, vllm._C  # noqa: F401  (the C++ kernels of vLLM-CPU)
+from vllm.platforms.cpu import CpuPlatform
+CpuPlatform.import_kernels()  # the C++ kernels for this CPU (vllm._C needs AVX-512; _C_AVX2 otherwise)
 from vllm.utils import cpu_triton_utils as cpu_tl
 from vllm.triton_utils import HAS_TRITON
 assert not HAS_TRITON
