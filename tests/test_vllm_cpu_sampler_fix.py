@@ -46,7 +46,6 @@ broken = out.tolist() == [-7.0] * 5
 from spec_plugins.vllm import cpu_sampler_fix, plugin
 plugin.register(); plugin.register()
 assert cpu_tl._expand_kernel_impl is cpu_sampler_fix.expand_kernel
-from vllm.platforms.cpu import CpuPlatform
 CpuPlatform.register_triton_kernel_overrides()
 from vllm.v1.sample.rejection_sampler import expand_batch_to_tokens
 got = expand_batch_to_tokens(torch.tensor([0.5, -1.0]), cu, 5, replace_from=-1, replace_to=1).tolist()

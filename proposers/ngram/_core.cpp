@@ -23,10 +23,10 @@ struct Found {
   std::int64_t match = 0;  // length of the n-gram matched (0: no draft)
 };
 
-// Candidate ends are the positions j < n - 1 whose match with the context's end is at least `need` tokens
-// long (need <= 2: a candidate shorter than min_ngram can never be chosen). Most of the context holds none,
-// so blocks of kBlock positions are first tested with one branch-free compare each, which the compiler
-// vectorises; only blocks with a hit are walked position by position.
+// Candidate ends are the positions j < n - 1 that match the context's last token and, when min_ngram >= 2,
+// the token before it too (a shorter match can never be chosen). Most of the context holds none, so blocks of
+// kBlock positions are first tested with one branch-free compare each, which the compiler vectorises; only
+// blocks with a hit are walked position by position.
 constexpr std::int64_t kBlock = 32;
 
 template <class T>

@@ -119,9 +119,8 @@ def _separate(fig: Any, ax: Any, labels: list, points: Sequence[tuple[float, flo
         ann.update_positions(renderer)
         return Text.get_window_extent(ann, renderer)
 
-    def clear(ann: Any) -> Any:
-        box = text_box(ann)
-        return None if any(box.overlaps(b) for b in placed) else box
+    def first_hit(box: Any) -> Any:
+        return next((b for b in placed if box.overlaps(b)), None)
 
     for ann in sorted(labels, key=lambda a: -text_box(a).y1):  # from the top down
         dx, dy = ann.xyann
@@ -129,20 +128,18 @@ def _separate(fig: Any, ax: Any, labels: list, points: Sequence[tuple[float, flo
         width = text_box(ann).width * pt
         for offset in ((dx, dy), (dx, -dy - 9), (-dx - width, dy), (-dx - width, -dy - 9)):
             ann.xyann = offset
-            box = clear(ann)
-            if box is not None:
+            if first_hit(text_box(ann)) is None:
                 break
         else:
             ann.xyann = (dx, dy)
             ann.arrow_patch.set_visible(True)
             for _ in range(len(placed)):
                 box = text_box(ann)
-                hit = next((b for b in placed if box.overlaps(b)), None)
+                hit = first_hit(box)
                 if hit is None:
                     break
                 ann.xyann = (ann.xyann[0], ann.xyann[1] - (box.y1 - hit.y0 + 1) * pt)
-            box = text_box(ann)
-        placed.append(box)
+        placed.append(text_box(ann))
 
 
 def frontier_table(rows: Sequence[dict]) -> list[dict[str, Any]]:
