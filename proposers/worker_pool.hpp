@@ -100,6 +100,75 @@ class WorkerPool {
   std::exception_ptr error_;
 };
 
+// One thread that runs one task at a time while the caller goes on: post() hands it a task (after the
+// previous one is done), wait() returns once the task is done and rethrows what it threw. For work
+// between two engine steps (the suffix tree's tentative appends); a task must not touch Python.
+class Background {
+ public:
+  Background() { thread_ = std::thread([this] { loop(); }); }
+  ~Background() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  Background(const Background&) = delete;
+  Background& operator=(const Background&) = delete;
+
+  void post(std::function<void()> task) {
+    wait();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      task_ = std::move(task);
+      busy_ = true;
+    }
+    wake_.notify_all();
+  }
+  void wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    done_.wait(lock, [this] { return !busy_; });
+    if (error_) {
+      std::exception_ptr e = error_;
+      error_ = nullptr;
+      std::rethrow_exception(e);
+    }
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        wake_.wait(lock, [this] { return stop_ || busy_; });
+        if (busy_) task = std::move(task_);
+        else return;  // stopped with nothing to do
+      }
+      std::exception_ptr error;
+      try {
+        task();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        error_ = error;
+        busy_ = false;
+      }
+      done_.notify_all();
+    }
+  }
+
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable wake_, done_;
+  std::function<void()> task_;
+  bool busy_ = false, stop_ = false;
+  std::exception_ptr error_;
+};
+
 // Workers for a batched step on this host: one per extra core, at most `cap`.
 inline int default_workers(int cap = 3) {
   const unsigned hw = std::thread::hardware_concurrency();

@@ -21,14 +21,38 @@ def test_step_overhead_measures_every_proposer_and_writes_host_time(tmp_path, ca
     assert doc["format"] == step_overhead.FORMAT and doc["k"] == 4
     names = {r["proposer"] for r in doc["rows"]}
     assert names == {"suffix_tree fixed", "suffix_tree adaptive", "ngram fixed", "ngram adaptive",
+                     "suffix_tree fixed + ahead", "suffix_tree adaptive + ahead",
                      "vLLM suffix (ArcticInference)", "vLLM ngram (numba)"}
     for r in doc["rows"]:
         assert r["us_per_step"] > 0 and r["us_per_request"] == pytest.approx(r["us_per_step"] / r["batch"])
         if r["proposer"].startswith("vLLM suffix"):
             assert r["vs_vllm_suffix"] == 1.0
+        # What appending ahead leaves running when propose() returns is timed apart, for those rows only.
+        assert (r["ahead_wait_us"] is not None) == r["proposer"].endswith("+ ahead")
+        assert r["ahead_wait_us"] is None or r["ahead_wait_us"] >= 0
     assert "x vLLM suffix" in capsys.readouterr().out
     host = HostTime.load(out, "suffix_tree")
     # Interpolated between the measured sizes, per request beyond the largest.
     assert host.seconds("fixed", 6) == pytest.approx(2 * host.seconds("fixed", 3))
     with pytest.raises(ValueError, match="no rows for 'dflash fixed'"):
         HostTime.load(out, "dflash")
+
+
+@pytest.mark.smollm2
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_step_overhead_verifies_drafts_against_a_rewrite(tmp_path):
+    """--verify: each proposer's requests grow by its own accepted drafts plus one token; on a rewrite (the answer
+    copies the prompt's file) the suffix tree's copies are accepted, so requests grow by more than one a step."""
+    out = tmp_path / "so.json"
+    step_overhead.main(["--batches", "2", "--steps", "3", "--warmup", "2", "--k", "4", "--verify", "--text", "rewrite",
+                        "--json", str(out)])
+    doc = json.loads(out.read_text())
+    assert doc["verify"] is True and doc["text"] == "rewrite"
+    rows = {r["proposer"]: r for r in doc["rows"]}
+    assert rows["suffix_tree fixed"]["tokens_per_request_step"] > 2
+    # Appending ahead drafts the same, so its requests grow exactly as the plain suffix tree's.
+    assert rows["suffix_tree fixed + ahead"]["tokens_per_request_step"] == rows["suffix_tree fixed"]["tokens_per_request_step"]
+    assert all(1 <= r["tokens_per_request_step"] <= 5 for r in doc["rows"])
+    with pytest.raises(SystemExit):
+        step_overhead.main(["--batches", "2", "--steps", "400", "--verify", "--text", "rewrite"])

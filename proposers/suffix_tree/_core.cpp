@@ -216,17 +216,20 @@ class PyCache {
       : cache_(make_options(max_depth, max_cached, cache_active, tie, factor, offset, min_prob, copy)) {}
 
   void start(long long key, py::handle prompt) {
+    quiet();
     if (cache_.has(key)) throw py::value_error("start: request " + std::to_string(key) + " is already started");
     read_tokens(prompt, buf_, "prompt");
     cache_.start(key, buf_);
   }
   void append(long long key, py::handle tokens) {
+    quiet();
     require(key, "append");
     read_tokens(tokens, buf_, "tokens");
     cache_.append(key, buf_.data(), buf_.size());
   }
   // The request's whole context `tokens` has grown by num_new: append the tail and draft.
   py::tuple sync_speculate(long long key, py::handle tokens, long long num_new, long long max_tokens) {
+    quiet();
     require(key, "propose");
     const i32 m = check_max_tokens(max_tokens);
     const long long have = (long long)cache_.length(key);
@@ -243,6 +246,7 @@ class PyCache {
     return to_python(cache_.speculate(key, m));
   }
   py::tuple speculate(long long key, long long max_tokens, double price) {
+    quiet();
     require(key, "speculate");
     return to_python(cache_.speculate(key, check_max_tokens(max_tokens), check_price(price)));
   }
@@ -256,6 +260,7 @@ class PyCache {
   // status[i] is 0 (continued), 1 (started) or 2 (started over).
   py::tuple step_batch(py::handle keys_obj, py::handle contexts, py::handle rows_obj, py::handle lens_obj,
                        py::handle num_new_obj, py::handle max_tokens_obj, double price) {
+    quiet();
     check_price(price);
     const auto keys = int64_column(keys_obj, "keys");
     const size_t n = size_t(keys.shape(0));
@@ -356,9 +361,44 @@ class PyCache {
       O(i + 1) = (long long)at;
       S(i) = plan[i].kind;
     }
+    if (ahead_) {  // the drafts' leading tokens go into the trees while the engine verifies them
+      ahead_keys_.assign(keys.data(), keys.data() + n);
+      if (!background_) background_ = std::make_unique<spec_plugins::Background>();
+      // The step's worker pool (if it has one) helps: the next step waits for this before using it.
+      background_->post([this] { cache_.append_ahead(ahead_keys_, drafts_, ahead_min_prob_, pool_.get(), parallel_from_); });
+    }
     return py::make_tuple(tokens, confidence, offsets, status);
   }
+  void set_ahead(bool on, double min_prob) {
+    quiet();
+    if (!(min_prob >= 0.0 && min_prob <= 1.0))
+      throw py::value_error("ahead_min_prob: expected a value in [0, 1], got " + std::to_string(min_prob));
+    if (on && cache_.options().cache_active)
+      throw py::value_error("append_ahead: not with cache_in_flight (the global tree would be written between steps)");
+    ahead_ = on;
+    ahead_min_prob_ = min_prob;
+  }
+  // Waits for the tentative appends of the last step (they run on their own thread until then).
+  void quiet() {
+    if (!background_) return;
+    py::gil_scoped_release release;
+    background_->wait();
+  }
+  long long pending(long long key) {
+    quiet();
+    require(key, "pending");
+    return (long long)cache_.pending(key);
+  }
+  py::array_t<long long> canonical(long long key) {  // the local tree as Tree::canonical (tests)
+    quiet();
+    require(key, "canonical");
+    const std::vector<long long> c = cache_.local(key).canonical();
+    py::array_t<long long> out(c.size());
+    std::copy(c.begin(), c.end(), out.mutable_data());
+    return out;
+  }
   void set_parallel(long long workers, long long parallel_from, long long interleave) {
+    quiet();
     if (workers < -1 || workers > 256) throw py::value_error("threads: expected -1 (auto), 0 (off) or up to 256");
     if (parallel_from < 1) throw py::value_error("parallel_from: expected an integer >= 1");
     cache_.set_interleave(interleave);
@@ -368,26 +408,34 @@ class PyCache {
   }
   int workers() const { return workers_; }
 
-  bool finish(long long key) { return cache_.finish(key); }
+  bool finish(long long key) {
+    quiet();
+    return cache_.finish(key);
+  }
   long long length(long long key) {
+    quiet();
     require(key, "length");
     return (long long)cache_.length(key);
   }
   long long local_count(long long key, py::handle pattern) {
+    quiet();
     require(key, "local_count");
     read_tokens(pattern, buf_, "pattern");
     return cache_.local(key).count(buf_.data(), i32(buf_.size()));
   }
   py::tuple copy_state(long long key) {
+    quiet();
     require(key, "copy_state");
     const Copier& c = cache_.copier(key);
     return py::make_tuple(c.src(), c.len(), c.anchor(), c.near());
   }
   bool last_draft_copied(long long key) {
+    quiet();
     require(key, "last_draft_copied");
     return cache_.copied(key);
   }
   long long global_count(py::handle pattern) {
+    quiet();
     read_tokens(pattern, buf_, "pattern");
     return cache_.global().count(buf_.data(), i32(buf_.size()));
   }
@@ -417,6 +465,11 @@ class PyCache {
   int workers_ = spec_plugins::default_workers();
   size_t parallel_from_ = 64;
   std::unique_ptr<spec_plugins::WorkerPool> pool_;
+  bool ahead_ = false;
+  double ahead_min_prob_ = 0.5;
+  std::vector<long long> ahead_keys_;
+  // Last: destroyed first, so a task still running finishes before the cache and drafts go.
+  std::unique_ptr<spec_plugins::Background> background_;
 };
 
 }  // namespace
@@ -472,6 +525,12 @@ PYBIND11_MODULE(_core, m) {
            "Worker threads for batched drafting (-1: one per extra core, at most 3; 0: none), the batch "
            "size from which they are used, and how many requests' appends a batched step interleaves.")
       .def_property_readonly("threads", &PyCache::workers)
+      .def("set_ahead", &PyCache::set_ahead, py::arg("on"), py::arg("min_prob") = 0.5,
+           "Append each batched step's leading draft tokens (path probability >= min_prob) to the trees on a "
+           "thread of their own until the next call; the next step keeps those its new tokens agree with.")
+      .def("wait_ahead", &PyCache::quiet, "Wait for the last step's tentative appends.")
+      .def("pending", &PyCache::pending, py::arg("key"), "Tentative tokens of the request not settled yet.")
+      .def("_canonical", &PyCache::canonical, py::arg("key"), "The request's tree, independent of node ids (tests).")
       .def("finish", &PyCache::finish, py::arg("key"))
       .def("length", &PyCache::length, py::arg("key"))
       .def("local_count", &PyCache::local_count, py::arg("key"), py::arg("pattern"))
@@ -479,10 +538,10 @@ PYBIND11_MODULE(_core, m) {
       .def("_copy_state", &PyCache::copy_state, py::arg("key"), "(source, match length, anchor, near) of the copier")
       .def("last_draft_copied", &PyCache::last_draft_copied, py::arg("key"),
            "Whether the request's last draft was a copy draft (else a count draft, or none)")
-      .def_property_readonly("num_active", [](PyCache& c) { return c.cache_.num_active(); })
-      .def_property_readonly("num_cached", [](PyCache& c) { return c.cache_.num_cached(); })
-      .def_property_readonly("num_nodes", [](PyCache& c) { return c.cache_.num_nodes(); })
-      .def_property_readonly("global_nodes", [](PyCache& c) { return c.cache_.global().num_nodes(); })
-      .def_property_readonly("memory_bytes", [](PyCache& c) { return c.cache_.memory_bytes(); })
-      .def("_check", [](PyCache& c) { c.cache_.validate(); });
+      .def_property_readonly("num_active", [](PyCache& c) { c.quiet(); return c.cache_.num_active(); })
+      .def_property_readonly("num_cached", [](PyCache& c) { c.quiet(); return c.cache_.num_cached(); })
+      .def_property_readonly("num_nodes", [](PyCache& c) { c.quiet(); return c.cache_.num_nodes(); })
+      .def_property_readonly("global_nodes", [](PyCache& c) { c.quiet(); return c.cache_.global().num_nodes(); })
+      .def_property_readonly("memory_bytes", [](PyCache& c) { c.quiet(); return c.cache_.memory_bytes(); })
+      .def("_check", [](PyCache& c) { c.quiet(); c.cache_.validate(); });
 }

@@ -19,7 +19,10 @@ All the work is in `_core` (suffix_tree.hpp); this class maps request ids and ch
 (ingest every request's new tokens, then draft all of them with the GIL released, on worker threads
 from `parallel_from` requests up, the appends of `interleave` requests at a time taken in turns so that
 one tree's memory loads overlap the others' work); its drafts are the same as `propose`'s for the same
-histories. A priced step (`DraftBatch.token_price`, set by the adaptive policy's `price_drafts`) ends each draft
+histories. With `append_ahead` each batched step ends by handing the drafts' leading tokens (path probability >=
+`ahead_min_prob`) to a thread of its own, which appends them to the trees tentatively (journaled) while the
+engine verifies; the next step keeps those that agree with the engine's new tokens and takes the rest back, so
+the step appends only what was not guessed. Drafts are the same with it or without. A priced step (`DraftBatch.token_price`, set by the adaptive policy's `price_drafts`) ends each draft
 before its first token whose path probability is below the price: the same candidates, a prefix of the
 unpriced draft. Only the batched path is priced (`DraftRequest` carries no price).
 """
@@ -96,6 +99,14 @@ class SuffixTreeProposer:
         interleave: int = pydantic.Field(
             default=16, ge=1, le=32, description="requests whose appends a batched step interleaves (1: none)"
         )
+        # Off the engine's step: the drafts' leading tokens go into the trees while the engine verifies them.
+        append_ahead: bool = pydantic.Field(
+            default=False, description="after each batched step, append the drafts' likely tokens on a thread of "
+            "their own (for a GPU engine: the host is idle while it verifies); the same drafts"
+        )
+        ahead_min_prob: float = pydantic.Field(
+            default=0.5, ge=0.0, le=1.0, description="append ahead the draft tokens whose path probability is >= this"
+        )
 
     def __init__(self, **options: Any) -> None:
         try:
@@ -124,6 +135,10 @@ class SuffixTreeProposer:
             copy_hazard_d=o.copy_hazard_d,
         )
         self._core.set_parallel(o.threads, o.parallel_from, o.interleave)
+        try:
+            self._core.set_ahead(o.append_ahead, o.ahead_min_prob)
+        except ValueError as exc:
+            raise ValueError(f"SuffixTreeProposer option {exc}") from None
         self._keys: dict[Hashable, int] = {}
         self._next_key = 0
 
@@ -161,6 +176,11 @@ class SuffixTreeProposer:
         except ValueError as exc:
             raise ValueError(f"suffix_tree: {exc}") from None
         return BatchDrafts(tokens, offsets, confidence)
+
+    def wait_ahead(self) -> None:
+        """Returns once the last batched step's tentative appends (`append_ahead`) are done: what an engine's
+        verification step would have to outlast for them to cost the step nothing (benchmarks time it)."""
+        self._core.wait_ahead()
 
     def finish(self, req_id: Hashable) -> None:
         """Moves the response into the global tree and frees the request (unknown ids are ignored)."""

@@ -71,12 +71,18 @@ class ChildMap {
   }
 
   void insert(i32 parent, i32 tok, i32 child) {  // the key must be absent
-    if ((size_ + 1) * 2 > slots_.size()) rehash(slots_.size() * 2);
+    if ((size_ + 1) * 2 > slots_.size()) {
+      if (journal_) throw std::logic_error("ChildMap: rehash while journaling (reserve before)");
+      rehash(slots_.size() * 2);
+    }
     put(key(parent, tok), child);
     ++size_;
   }
 
-  void assign(i32 parent, i32 tok, i32 child) { slots_[locate(key(parent, tok))].val = child; }
+  void assign(i32 parent, i32 tok, i32 child) {
+    const size_t i = locate(key(parent, tok));
+    write(i, Slot{slots_[i].key, child});
+  }
 
   // Starts loading the slot where (parent, tok) would be: the caller probes it soon, and trees of many
   // requests together do not fit in cache.
@@ -84,15 +90,15 @@ class ChildMap {
 
   void erase(i32 parent, i32 tok) {
     size_t i = locate(key(parent, tok));
-    slots_[i].key = kEmpty;
+    write(i, Slot{kEmpty, slots_[i].val});
     --size_;
     // Shift back later entries of the probe run that would otherwise become unreachable.
     for (size_t j = (i + 1) & mask_; slots_[j].key != kEmpty; j = (j + 1) & mask_) {
       const size_t h = home(slots_[j].key);
       const bool stays = (i < j) ? (i < h && h <= j) : (i < h || h <= j);
       if (!stays) {
-        slots_[i] = slots_[j];
-        slots_[j].key = kEmpty;
+        write(i, slots_[j]);
+        write(j, Slot{kEmpty, slots_[j].val});
         i = j;
       }
     }
@@ -106,12 +112,30 @@ class ChildMap {
 
   size_t size() const { return size_; }
   size_t bytes() const { return slots_.capacity() * sizeof(Slot); }
+  size_t capacity() const { return slots_.size(); }
+
+  // Journal (Tree's tentative appends): while on, every slot write first records the slot's old
+  // contents, so undo() can restore the map exactly. Inserts must not rehash meanwhile (reserve first).
+  void journal(bool on) {
+    journal_ = on;
+    log_.clear();
+  }
+  size_t journal_size() const { return log_.size(); }
+  void undo(size_t to, size_t size) {  // back to when the journal held `to` records and the map `size` keys
+    for (size_t i = log_.size(); i > to; --i) slots_[log_[i - 1].first] = log_[i - 1].second;
+    log_.resize(to);
+    size_ = size;
+  }
 
  private:
   struct Slot {
     u64 key;
     i32 val;
   };
+  void write(size_t i, Slot s) {
+    if (journal_) log_.emplace_back(i, slots_[i]);
+    slots_[i] = s;
+  }
   static constexpr u64 kEmpty = ~u64(0);  // parent and token are both < 2^31, so never a real key
 
   static u64 key(i32 parent, i32 tok) { return (u64(std::uint32_t(parent)) << 32) | std::uint32_t(tok); }
@@ -126,7 +150,7 @@ class ChildMap {
   void put(u64 k, i32 v) {
     size_t i = home(k);
     while (slots_[i].key != kEmpty) i = (i + 1) & mask_;
-    slots_[i] = Slot{k, v};
+    write(i, Slot{k, v});
   }
 
   void rehash(size_t cap) {
@@ -143,6 +167,8 @@ class ChildMap {
   std::vector<Slot> slots_;
   size_t mask_ = 0, size_ = 0;
   int shift_ = 64;
+  bool journal_ = false;
+  std::vector<std::pair<size_t, Slot>> log_;
 };
 
 struct Node {
@@ -306,9 +332,78 @@ class Tree {
 
   // Consistency check for tests: throws std::logic_error naming the first broken invariant.
   void validate() const;
+  // The tree's content independent of node ids and hash layout (tests: two trees that must be the
+  // same): nodes in depth-first order, children by first token, each with its depth, count, reference,
+  // oldest start, best child and number of children; then each live sequence's tokens, endpoints (as
+  // depth-first positions) and scalars.
+  std::vector<long long> canonical() const;
+
+  // ---- tentative appends -------------------------------------------------------------------------
+  // Tokens appended to sequence s after begin_tentative(s, m) (at most m, through append_tentative)
+  // can be taken back, newest first. While the journal is open every write to a node, an endpoint or
+  // a child slot records the old value first, allocations only grow the node array (no free-list
+  // reuse), the child map is reserved so it never rehashes, and each token records the sequence's
+  // scalars. take_back(keep) restores the tree exactly (byte for byte, capacities aside) as it was
+  // after the first `keep` tentative tokens, and closes the journal: those stay as ordinary appends.
+  // Only for a tree nothing else writes meanwhile (a per-request tree between two engine steps).
+  void begin_tentative(i32 s, size_t m) {
+    if (journal_) throw std::logic_error("begin_tentative: a journal is already open");
+    kids_.reserve(kids_.size() + (size_t(D_) + 1) * m);  // a token adds at most max_depth + 1 keys
+    journal_ = true;
+    jseq_ = s;
+    jcap_ = m;
+    kids_.journal(true);
+    node_log_.clear();
+    endp_log_.clear();
+    marks_.clear();
+  }
+  void append_tentative(i32 t) {
+    if (!journal_ || marks_.size() >= jcap_) throw std::logic_error("append_tentative: no room in the journal");
+    const Seq& S = seqs_[jseq_];
+    marks_.push_back(Mark{node_log_.size(), endp_log_.size(), kids_.journal_size(), kids_.size(), nodes_.size(),
+                          free_nodes_.size(), S.tok.size(), S.active, S.rep_len, S.rep_seq, S.rep_next,
+                          S.rep_first, last_writer_});
+    append(jseq_, t);
+  }
+  size_t tentative() const { return journal_ ? marks_.size() : 0; }
+  void take_back(size_t keep) {
+    if (!journal_) return;
+    if (keep < marks_.size()) {
+      const Mark& m = marks_[keep];
+      for (size_t i = node_log_.size(); i > m.node_log; --i) nodes_[node_log_[i - 1].first] = node_log_[i - 1].second;
+      Seq& S = seqs_[jseq_];
+      for (size_t i = endp_log_.size(); i > m.endp_log; --i) S.endp[endp_log_[i - 1].first] = endp_log_[i - 1].second;
+      kids_.undo(m.kid_log, m.kids_size);
+      nodes_.resize(m.nodes);
+      free_nodes_.resize(m.free_nodes);
+      S.tok.resize(m.len);
+      S.endp.resize(m.len);
+      S.active = m.active;
+      S.rep_len = m.rep_len;
+      S.rep_seq = m.rep_seq;
+      S.rep_next = m.rep_next;
+      S.rep_first = m.rep_first;
+      last_writer_ = m.last_writer;
+    }
+    journal_ = false;
+    kids_.journal(false);
+    node_log_.clear();
+    endp_log_.clear();
+    marks_.clear();
+  }
 
  private:
   // ---- basic accessors -------------------------------------------------------------------------
+  // Every write to a node goes through mut() (and to an endpoint through set_endpoint), so that a
+  // journal of tentative appends can restore it.
+  Node& mut(i32 v) {
+    if (journal_) node_log_.emplace_back(v, nodes_[v]);
+    return nodes_[v];
+  }
+  void set_endpoint(i32 T, i32 j, i32 v) {
+    if (journal_) endp_log_.emplace_back(j, seqs_[T].endp[j]);
+    seqs_[T].endp[j] = v;
+  }
   i32 depth_of(i32 v) const {
     const Node& x = nodes_[v];
     if (x.depth >= 0) return x.depth;
@@ -319,7 +414,7 @@ class Tree {
   bool only_child(i32 c) const { return nodes_[c].prev == kNone && nodes_[c].next == kNone; }
 
   i32 alloc() {
-    if (!free_nodes_.empty()) {
+    if (!free_nodes_.empty() && !journal_) {  // a journal undoes allocations by truncation
       const i32 v = free_nodes_.back();
       free_nodes_.pop_back();
       return v;
@@ -328,35 +423,36 @@ class Tree {
     return i32(nodes_.size() - 1);
   }
   void release(i32 v) {
-    nodes_[v].count = 0;
-    nodes_[v].parent = kNone;
+    Node& x = mut(v);
+    x.count = 0;
+    x.parent = kNone;
     free_nodes_.push_back(v);
   }
 
   // Child list.
   void link(i32 p, i32 c) {
-    Node& x = nodes_[c];
+    Node& x = mut(c);
     x.parent = p;
     x.prev = kNone;
     x.next = nodes_[p].first;
-    if (x.next != kNone) nodes_[x.next].prev = c;
-    nodes_[p].first = c;
+    if (x.next != kNone) mut(x.next).prev = c;
+    mut(p).first = c;
   }
   void unlink(i32 c) {
-    const Node& x = nodes_[c];
-    if (x.prev != kNone) nodes_[x.prev].next = x.next;
-    else nodes_[x.parent].first = x.next;
-    if (x.next != kNone) nodes_[x.next].prev = x.prev;
+    const Node x = nodes_[c];
+    if (x.prev != kNone) mut(x.prev).next = x.next;
+    else mut(x.parent).first = x.next;
+    if (x.next != kNone) mut(x.next).prev = x.prev;
   }
   void replace(i32 old, i32 nw) {  // nw takes old's place among its siblings
     const Node o = nodes_[old];
-    Node& n = nodes_[nw];
+    Node& n = mut(nw);
     n.parent = o.parent;
     n.prev = o.prev;
     n.next = o.next;
-    if (o.prev != kNone) nodes_[o.prev].next = nw;
-    else nodes_[o.parent].first = nw;
-    if (o.next != kNone) nodes_[o.next].prev = nw;
+    if (o.prev != kNone) mut(o.prev).next = nw;
+    else mut(o.parent).first = nw;
+    if (o.next != kNone) mut(o.next).prev = nw;
   }
 
   // ---- ordering of continuations ---------------------------------------------------------------
@@ -375,7 +471,7 @@ class Tree {
   void raise_best(i32 p, i32 c, i32 pd) {  // c's count just went up
     const i32 b = nodes_[p].best;
     if (b == kDirty) return;
-    if (b == kNone || (b != c && better(c, b, pd))) nodes_[p].best = c;
+    if (b == kNone || (b != c && better(c, b, pd))) mut(p).best = c;
   }
   i32 best_child(i32 p) {
     i32 b = nodes_[p].best;
@@ -397,8 +493,9 @@ class Tree {
   }
   // Occurrence (T, j) is now counted in closed node v: keep the most recent one as reference.
   void touch(i32 v, i32 T, i32 j) {
-    Node& x = nodes_[v];
-    if (x.seq == T ? j > x.start : seqs_[T].order > seqs_[x.seq].order) {
+    const Node& y = nodes_[v];
+    if (y.seq == T ? j > y.start : seqs_[T].order > seqs_[y.seq].order) {
+      Node& x = mut(v);
       x.seq = T;
       x.start = j;
     }
@@ -500,20 +597,20 @@ class Tree {
     const i32 du = nodes_[u].depth;  // u is closed: it holds this endpoint and more occurrences
     if (c == kNone) {  // new continuation: an open leaf
       const i32 w = alloc();
-      nodes_[w] = Node{u, 1, kOpen, T, j, j, kNone, kNone, kNone, kNone};
+      mut(w) = Node{u, 1, kOpen, T, j, j, kNone, kNone, kNone, kNone};
       link(u, w);
       kids_.insert(u, t, w);
       raise_best(u, w, du);
-      seqs_[T].endp[j] = w;
+      set_endpoint(T, j, w);
       return;
     }
     const i32 dc = depth_of(c);
     if (dc == du + 1) {  // c's edge is one token: the endpoint moves onto c
-      Node& x = nodes_[c];
+      Node& x = mut(c);
       x.depth = dc;  // freezes an open leaf that now has a second occurrence
       x.count += 1;
       touch(c, T, j);
-      seqs_[T].endp[j] = c;
+      set_endpoint(T, j, c);
       raise_best(u, c, du);
       // u lost this endpoint; if nothing else ends at u and c is its only child, they merge.
       if (u != kRoot && nodes_[u].count == nodes_[c].count && only_child(c)) absorb(u, c);
@@ -523,7 +620,7 @@ class Tree {
     if (u != kRoot && nodes_[u].count == nodes_[c].count + 1 && only_child(c)) {
       // Only this endpoint ends at u and every other occurrence of u continues into c: slide u's
       // end one token down c's edge instead of splitting c and merging u into the new node.
-      nodes_[u].depth = du + 1;
+      mut(u).depth = du + 1;
       kids_.erase(u, t);
       kids_.insert(u, next_tok, c);
       touch(u, T, j);
@@ -532,18 +629,18 @@ class Tree {
     // Split c after its first token; the new upper node v holds the endpoint.
     const i32 v = alloc();
     const Node cc = nodes_[c];
-    nodes_[v] = Node{u, cc.count + 1, du + 1, cc.seq, cc.start, cc.oldest, c, kNone, kNone, kNone};
+    mut(v) = Node{u, cc.count + 1, du + 1, cc.seq, cc.start, cc.oldest, c, kNone, kNone, kNone};
     replace(c, v);
     kids_.assign(u, t, v);
-    Node& x = nodes_[c];
+    Node& x = mut(c);
     x.parent = v;
     x.prev = x.next = kNone;
-    nodes_[v].first = c;
+    mut(v).first = c;
     kids_.insert(v, next_tok, c);
     touch(v, T, j);
-    if (nodes_[u].best == c) nodes_[u].best = v;
+    if (nodes_[u].best == c) mut(u).best = v;
     raise_best(u, v, du);
-    seqs_[T].endp[j] = v;
+    set_endpoint(T, j, v);
   }
 
   // u (not the root) has only child c and no endpoint of its own: c takes u's place.
@@ -555,7 +652,7 @@ class Tree {
     kids_.erase(u, tc);
     replace(u, c);
     kids_.assign(p, tu, c);
-    if (nodes_[p].best == u) nodes_[p].best = c;
+    if (nodes_[p].best == u) mut(p).best = c;
     release(u);
   }
 
@@ -685,6 +782,17 @@ class Tree {
   i32 last_writer_ = kNone;  // sequence appended last
   bool shared_reads_ = false;
   std::vector<i32> deferred_;  // dirty nodes met during shared reads
+  // The journal of tentative appends (begin_tentative): old values, and per token where it began.
+  struct Mark {
+    size_t node_log, endp_log, kid_log, kids_size, nodes, free_nodes, len;
+    i32 active, rep_len, rep_seq, rep_next, rep_first, last_writer;
+  };
+  bool journal_ = false;
+  i32 jseq_ = kNone;
+  size_t jcap_ = 0;
+  std::vector<std::pair<i32, Node>> node_log_;
+  std::vector<std::pair<i32, i32>> endp_log_;
+  std::vector<Mark> marks_;
   std::unique_ptr<std::mutex> deferred_mu_ = std::make_unique<std::mutex>();
 };
 
@@ -832,6 +940,8 @@ class Cache {
     size_t prompt_len = 0;
     i32 gseq = kNone;  // in-flight slot in the global tree (cache_active), kNone once evicted
     bool copied = false;  // the last draft was a copy draft (diagnostics: calibration per kind)
+    std::vector<i32> ahead;              // tokens appended tentatively (append_ahead), not yet settled
+    std::vector<Copier> ahead_copiers;   // the copier before each of them
   };
 
  public:
@@ -855,18 +965,18 @@ class Cache {
   }
 
   void append(long long key, const i32* tok, size_t n) {
-    Req& r = get(key);
+    Req& r = settled(key);
     feed(r, tok, n);
     if (r.gseq != kNone) global_.extend(r.gseq, tok, n);
   }
 
   size_t length(long long key) {
-    const Req& r = get(key);
+    const Req& r = settled(key);
     return r.local->seq(r.seq).tok.size();
   }
 
   Draft speculate(long long key, i32 max_tokens, double price = 0.0) {
-    return speculate(get(key), max_tokens, price);
+    return speculate(settled(key), max_tokens, price);
   }
 
   // price: the adaptive policy's least survival a kept token can have this step (DraftBatch.token_price): the
@@ -937,7 +1047,7 @@ class Cache {
     }
   }
 
-  const Copier& copier(long long key) { return get(key).copier; }
+  const Copier& copier(long long key) { return settled(key).copier; }
   bool copied(long long key) { return get(key).copied; }
 
   // One engine step for a whole batch, rows with distinct keys. Row i either continues its request
@@ -961,7 +1071,7 @@ class Cache {
   RowKind classify(Row& row, size_t len, long long num_new) {
     auto it = reqs_.find(row.key);
     if (it == reqs_.end()) return kStart;
-    const size_t have = it->second.local->seq(it->second.seq).tok.size();
+    const size_t have = it->second.local->seq(it->second.seq).tok.size() - it->second.ahead.size();
     if (num_new < 0 || have + size_t(num_new) != len) return kRestart;
     row.req = &it->second;
     return kContinue;
@@ -982,11 +1092,21 @@ class Cache {
     // Requests are looked up before any thread starts: the map is not touched while they run.
     std::vector<Req*> reqs(n);
     for (size_t i = 0; i < n; ++i) reqs[i] = rows[i].kind == kContinue ? rows[i].req : &get(rows[i].key);
-    // Rows in groups: the group's appends interleaved (feed_group), then its drafts.
+    // Rows in groups: the group's appends interleaved (feed_group), then its drafts. A request's
+    // tentative appends (append_ahead) that agree with its new tokens are kept and not fed again.
     const size_t group = group_;
+    std::vector<Row> fed(rows);
     auto own = [&](size_t g) {
       const size_t lo = g * group, hi = std::min(n, lo + group);
-      if (!shared_appends) feed_group(reqs.data() + lo, rows.data() + lo, hi - lo);
+      if (!shared_appends) {
+        for (size_t i = lo; i < hi; ++i) {
+          if (rows[i].kind != kContinue || reqs[i]->ahead.empty()) continue;
+          const size_t kept = settle(*reqs[i], rows[i].tok, rows[i].count);
+          fed[i].tok += kept;
+          fed[i].count -= kept;
+        }
+        feed_group(reqs.data() + lo, fed.data() + lo, hi - lo);
+      }
       for (size_t i = lo; i < hi; ++i) speculate_into(*reqs[i], rows[i].max_tokens, price, out[i]);
     };
     const size_t groups = (n + group - 1) / group;
@@ -1009,6 +1129,7 @@ class Cache {
     auto it = reqs_.find(key);
     if (it == reqs_.end()) return false;
     Req& r = it->second;
+    settle(r, nullptr, 0);
     if (r.gseq != kNone) {
       owner_.erase(r.gseq);
     } else if (!o_.cache_active && o_.max_cached > 0) {
@@ -1028,7 +1149,7 @@ class Cache {
   size_t num_active() const { return reqs_.size(); }
   size_t num_cached() const { return global_.num_seqs(); }
   Tree& global() { return global_; }
-  Tree& local(long long key) { return *get(key).local; }
+  Tree& local(long long key) { return *settled(key).local; }
 
   size_t num_nodes() const {
     size_t n = global_.num_nodes();
@@ -1045,6 +1166,56 @@ class Cache {
     global_.validate();
     for (const auto& kv : reqs_) kv.second.local->validate();
   }
+
+  // ---- appending drafts ahead -------------------------------------------------------------------
+  // While the engine verifies a step's drafts, each request's tree can already take the leading draft
+  // tokens (those whose path probability is at least min_prob): tentatively, journaled. The next step
+  // keeps the ones that agree with the request's new tokens and takes the rest back (settle), so only
+  // what was not guessed is appended while the engine waits. Trees, copiers and drafts end exactly as
+  // without it. keys[i] drafted drafts[i] in the last step; not with in-flight caching (the global
+  // tree would be written).
+  // Requests' trees are independent: from `parallel_from` requests on, `pool` shares them out.
+  void append_ahead(const std::vector<long long>& keys, const std::vector<Draft>& drafts, double min_prob,
+                    spec_plugins::WorkerPool* pool = nullptr, size_t parallel_from = 1) {
+    if (o_.cache_active) throw std::logic_error("append_ahead: not with in-flight caching");
+    std::vector<Req*> reqs(keys.size());  // looked up before any thread starts
+    for (size_t i = 0; i < keys.size(); ++i) reqs[i] = &get(keys[i]);
+    auto one = [&](size_t i) {
+      const Draft& d = drafts[i];
+      size_t m = 0;
+      while (m < d.probs.size() && d.probs[m] >= min_prob) ++m;  // path probabilities never increase
+      if (m > 0) append_ahead(*reqs[i], d.tokens.data(), m);
+    };
+    if (pool == nullptr || keys.size() < parallel_from) {
+      for (size_t i = 0; i < keys.size(); ++i) one(i);
+      return;
+    }
+    pool->run(keys.size(), 8, one);
+  }
+  void append_ahead(Req& r, const i32* tok, size_t m) {
+    settle(r, nullptr, 0);
+    r.local->begin_tentative(r.seq, m);
+    r.ahead.assign(tok, tok + m);
+    for (size_t i = 0; i < m; ++i) {
+      r.ahead_copiers.push_back(r.copier);
+      r.local->append_tentative(tok[i]);
+      if (o_.copy.on) r.copier.step(r.local->seq(r.seq), o_.copy);
+    }
+  }
+  // Keeps the request's tentative tokens up to the first that differs from tok[0 .. count), takes
+  // back the rest; returns how many were kept (tok[0 .. kept) are in the tree).
+  size_t settle(Req& r, const i32* tok, size_t count) {
+    const size_t m = r.ahead.size();
+    if (m == 0) return 0;
+    size_t kept = 0;
+    while (kept < m && kept < count && r.ahead[kept] == tok[kept]) ++kept;
+    r.local->take_back(kept);
+    if (kept < m) r.copier = r.ahead_copiers[kept];
+    r.ahead.clear();
+    r.ahead_copiers.clear();
+    return kept;
+  }
+  size_t pending(long long key) { return get(key).ahead.size(); }
 
   // Requests whose appends a batched step interleaves (1: none): the drafts are the same whatever it is.
   static constexpr size_t kMaxGroup = 32;
@@ -1112,6 +1283,11 @@ class Cache {
     if (it == reqs_.end()) throw std::invalid_argument("unknown request (not started, or finished)");
     return it->second;
   }
+  Req& settled(long long key) {  // the request with its tentative tokens taken back (per-request API)
+    Req& r = get(key);
+    settle(r, nullptr, 0);
+    return r;
+  }
 
   void make_room() {  // FIFO: evict the oldest responses until one more fits
     while (global_.num_seqs() > 0 && (long long)global_.num_seqs() >= o_.max_cached) {
@@ -1132,6 +1308,43 @@ class Cache {
 };
 
 // ---- validation (tests only) --------------------------------------------------------------------
+inline std::vector<long long> Tree::canonical() const {
+  std::vector<long long> out;
+  std::vector<i32> order(nodes_.size(), -1);
+  std::vector<i32> stack{kRoot};
+  i32 next = 0;
+  while (!stack.empty()) {
+    const i32 v = stack.back();
+    stack.pop_back();
+    order[v] = next++;
+    const i32 dv = depth_of(v);
+    std::vector<std::pair<i32, i32>> kids;  // (first token, node)
+    for (i32 c = nodes_[v].first; c != kNone; c = nodes_[c].next) kids.emplace_back(str(c)[dv], c);
+    std::sort(kids.begin(), kids.end());
+    const Node& x = nodes_[v];
+    const i32 best = x.best >= 0 ? str(x.best)[dv] : x.best;
+    for (long long f : {(long long)dv, (long long)x.count, (long long)x.seq, (long long)x.start,
+                        (long long)x.oldest, (long long)best, (long long)kids.size()})
+      out.push_back(f);
+    for (auto it = kids.rbegin(); it != kids.rend(); ++it) stack.push_back(it->second);
+  }
+  for (i32 s : live_) {
+    const Seq& S = seqs_[s];
+    out.push_back((long long)S.tok.size());
+    for (size_t j = 0; j < S.tok.size(); ++j) {
+      out.push_back(S.tok[j]);
+      out.push_back(order[S.endp[j]]);
+    }
+    for (long long f : {(long long)S.active, (long long)S.rep_len, (long long)S.rep_seq, (long long)S.rep_next,
+                        (long long)S.rep_first})
+      out.push_back(f);
+  }
+  out.push_back(last_writer_);
+  out.push_back((long long)num_nodes());
+  out.push_back((long long)kids_.size());
+  return out;
+}
+
 inline void Tree::validate() const {
   auto fail = [](const std::string& what, i32 v) {
     throw std::logic_error("suffix tree invariant broken at node " + std::to_string(v) + ": " + what);
