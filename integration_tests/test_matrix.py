@@ -65,6 +65,7 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 2,
 ADAPTIVE = {"policy": "adaptive", "policy_options": {"hardware": "h200"}}
 # The same policy also charging the engine's measured step overhead (its lengths then follow real step times).
 ADAPTIVE_MEASURED = {"policy": "adaptive", "policy_options": {"hardware": "h200", "step_overhead": "measured"}}
+AHEAD = {"proposer_options": {"append_ahead": True}}
 
 
 def ours(proposer: str, policy: dict | None = None) -> tuple[dict, dict]:
@@ -78,6 +79,9 @@ CONFIGS = {  # name -> (speculative_config, additional_config); "dflash:" / "dsp
     "suffix_tree": ours("suffix_tree"),
     "suffix_tree+adaptive": ours("suffix_tree", ADAPTIVE),
     "suffix_tree+adaptive-measured": ours("suffix_tree", ADAPTIVE_MEASURED),
+    # Appending drafts ahead, on its own thread between steps: the same drafts, so the same outputs.
+    "suffix_tree+ahead": ours("suffix_tree", AHEAD),
+    "suffix_tree+ahead+adaptive": ours("suffix_tree", {**AHEAD, **ADAPTIVE}),
     "dflash": ("dflash:", None),
     "dspark": ("dspark:", None),
     "dspark+adaptive": ("dspark:", {"spec_plugins": ADAPTIVE}),

@@ -32,6 +32,7 @@ def test_drafts_and_trees_are_the_same_with_appends_ahead(seed, threads, min_pro
     plain = SuffixTreeProposer(**opts, threads=1 if threads else 0, parallel_from=1, interleave=3)
     ahead = SuffixTreeProposer(**opts, threads=1 if threads else 0, parallel_from=1, interleave=3,
                                append_ahead=True, ahead_min_prob=min_prob)
+    ahead._core.set_ahead(True, min_prob, 1)  # hand over every step's tokens, however few
     contexts: dict[str, list[int]] = {}
     seen: dict[str, int] = {}
     drafts: dict[str, list[int]] = {}
@@ -79,7 +80,7 @@ def test_agreeing_tokens_are_kept_and_the_rest_taken_back():
     plain = _core.SuffixCache(max_depth=8)
     ahead = _core.SuffixCache(max_depth=8)
     ahead.set_parallel(0, 1, 1)
-    ahead.set_ahead(True, 0.0)
+    ahead.set_ahead(True, 0.0, 1)
     for cache in (plain, ahead):
         cache.start(7, text)
     lens, num_new, caps = np.array([len(text)]), np.array([0]), np.array([6])
@@ -96,6 +97,18 @@ def test_agreeing_tokens_are_kept_and_the_rest_taken_back():
     assert ahead._canonical(7).tolist() == plain._canonical(7).tolist()  # also takes the new tentative ones back
     assert ahead.length(7) == plain.length(7) == len(grown)
     ahead._check()
+
+
+def test_a_step_with_few_likely_tokens_hands_none_over():
+    ahead = _core.SuffixCache(max_depth=8)
+    ahead.set_ahead(True, 0.0)  # 8 tokens at least, by default
+    text = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3]
+    ahead.start(7, text)
+    tokens = ahead.step_batch(np.array([7]), [text], None, np.array([len(text)]), np.array([0]), np.array([6]))[0]
+    assert 0 < len(tokens) < 8  # it drafted, but too little to hand over
+    assert ahead.pending(7) == 0
+    with pytest.raises(ValueError, match="ahead_min_tokens"):
+        ahead.set_ahead(True, 0.5, -1)
 
 
 def test_append_ahead_option_checks():

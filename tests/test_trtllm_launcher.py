@@ -119,7 +119,7 @@ def test_our_section_becomes_a_user_provided_drafter(fake_trtllm):
     assert isinstance(drafter, FakeDrafter)
     assert drafter.kwargs == {
         "max_draft_len": 16, "proposer": "suffix_tree",
-        "proposer_options": {"max_depth": 24, "max_cached_requests": 10000},
+        "proposer_options": {"max_depth": 24, "max_cached_requests": 10000, "append_ahead": True},
         "policy": "adaptive", "policy_options": {"hardware": "h200", "model_config": "llama-3.1-8b"},
         "draft_len_schedule": schedule, "max_concurrency": None,
     }

@@ -361,22 +361,33 @@ class PyCache {
       O(i + 1) = (long long)at;
       S(i) = plan[i].kind;
     }
-    if (ahead_) {  // the drafts' leading tokens go into the trees while the engine verifies them
-      ahead_keys_.assign(keys.data(), keys.data() + n);
+    if (ahead_ && ahead_tokens(drafts) >= ahead_min_tokens_) {  // the drafts' leading tokens go into the trees
+      ahead_keys_.assign(keys.data(), keys.data() + n);          // while the engine verifies them
       if (!background_) background_ = std::make_unique<spec_plugins::Background>();
       // The step's worker pool (if it has one) helps: the next step waits for this before using it.
       background_->post([this] { cache_.append_ahead(ahead_keys_, drafts_, ahead_min_prob_, pool_.get(), parallel_from_); });
     }
     return py::make_tuple(tokens, confidence, offsets, status);
   }
-  void set_ahead(bool on, double min_prob) {
+  void set_ahead(bool on, double min_prob, long long min_tokens) {
     quiet();
+    if (min_tokens < 0) throw py::value_error("ahead_min_tokens: expected an integer >= 0");
+    ahead_min_tokens_ = size_t(min_tokens);
     if (!(min_prob >= 0.0 && min_prob <= 1.0))
       throw py::value_error("ahead_min_prob: expected a value in [0, 1], got " + std::to_string(min_prob));
     if (on && cache_.options().cache_active)
       throw py::value_error("append_ahead: not with cache_in_flight (the global tree would be written between steps)");
     ahead_ = on;
     ahead_min_prob_ = min_prob;
+  }
+  size_t ahead_tokens(const std::vector<Draft>& drafts) const {
+    size_t total = 0;
+    for (const Draft& d : drafts)
+      for (double p : d.probs) {
+        if (p < ahead_min_prob_) break;  // path probabilities never increase
+        ++total;
+      }
+    return total;
   }
   // Waits for the tentative appends of the last step (they run on their own thread until then).
   void quiet() {
@@ -467,6 +478,9 @@ class PyCache {
   std::unique_ptr<spec_plugins::WorkerPool> pool_;
   bool ahead_ = false;
   double ahead_min_prob_ = 0.5;
+  // Handing a step's tentative appends to their thread costs about what appending several tokens does
+  // (waking it, taking back what the engine rejects): a step with fewer to hand over hands over none.
+  size_t ahead_min_tokens_ = 8;
   std::vector<long long> ahead_keys_;
   // Last: destroyed first, so a task still running finishes before the cache and drafts go.
   std::unique_ptr<spec_plugins::Background> background_;
@@ -525,9 +539,10 @@ PYBIND11_MODULE(_core, m) {
            "Worker threads for batched drafting (-1: one per extra core, at most 3; 0: none), the batch "
            "size from which they are used, and how many requests' appends a batched step interleaves.")
       .def_property_readonly("threads", &PyCache::workers)
-      .def("set_ahead", &PyCache::set_ahead, py::arg("on"), py::arg("min_prob") = 0.5,
+      .def("set_ahead", &PyCache::set_ahead, py::arg("on"), py::arg("min_prob") = 0.5, py::arg("min_tokens") = 8,
            "Append each batched step's leading draft tokens (path probability >= min_prob) to the trees on a "
-           "thread of their own until the next call; the next step keeps those its new tokens agree with.")
+           "thread of their own until the next call, when the step has at least min_tokens of them; the next "
+           "step keeps those its new tokens agree with.")
       .def("wait_ahead", &PyCache::quiet, "Wait for the last step's tentative appends.")
       .def("pending", &PyCache::pending, py::arg("key"), "Tentative tokens of the request not settled yet.")
       .def("_canonical", &PyCache::canonical, py::arg("key"), "The request's tree, independent of node ids (tests).")

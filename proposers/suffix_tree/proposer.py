@@ -22,7 +22,8 @@ one tree's memory loads overlap the others' work); its drafts are the same as `p
 histories. With `append_ahead` each batched step ends by handing the drafts' leading tokens (path probability >=
 `ahead_min_prob`) to a thread of its own, which appends them to the trees tentatively (journaled) while the
 engine verifies; the next step keeps those that agree with the engine's new tokens and takes the rest back, so
-the step appends only what was not guessed. Drafts are the same with it or without. A priced step (`DraftBatch.token_price`, set by the adaptive policy's `price_drafts`) ends each draft
+the step appends only what was not guessed (a step with fewer than 8 such tokens in all hands none over: waking
+the thread would cost more). Drafts are the same with it or without. A priced step (`DraftBatch.token_price`, set by the adaptive policy's `price_drafts`) ends each draft
 before its first token whose path probability is below the price: the same candidates, a prefix of the
 unpriced draft. Only the batched path is priced (`DraftRequest` carries no price).
 """
