@@ -133,9 +133,10 @@ class ChildMap {
     i32 val;
   };
   void write(size_t i, Slot s) {
-    if (journal_) log_.emplace_back(i, slots_[i]);
+    if (__builtin_expect(journal_, false)) log_slot(i);
     slots_[i] = s;
   }
+  __attribute__((noinline, cold)) void log_slot(size_t i) { log_.emplace_back(i, slots_[i]); }
   static constexpr u64 kEmpty = ~u64(0);  // parent and token are both < 2^31, so never a real key
 
   static u64 key(i32 parent, i32 tok) { return (u64(std::uint32_t(parent)) << 32) | std::uint32_t(tok); }
@@ -396,14 +397,17 @@ class Tree {
   // ---- basic accessors -------------------------------------------------------------------------
   // Every write to a node goes through mut() (and to an endpoint through set_endpoint), so that a
   // journal of tentative appends can restore it.
+  // The journal is off on the engine's step: its records are kept out of line, off the hot path.
   Node& mut(i32 v) {
-    if (journal_) node_log_.emplace_back(v, nodes_[v]);
+    if (__builtin_expect(journal_, false)) log_node(v);
     return nodes_[v];
   }
   void set_endpoint(i32 T, i32 j, i32 v) {
-    if (journal_) endp_log_.emplace_back(j, seqs_[T].endp[j]);
+    if (__builtin_expect(journal_, false)) log_endpoint(T, j);
     seqs_[T].endp[j] = v;
   }
+  __attribute__((noinline, cold)) void log_node(i32 v) { node_log_.emplace_back(v, nodes_[v]); }
+  __attribute__((noinline, cold)) void log_endpoint(i32 T, i32 j) { endp_log_.emplace_back(j, seqs_[T].endp[j]); }
   i32 depth_of(i32 v) const {
     const Node& x = nodes_[v];
     if (x.depth >= 0) return x.depth;
