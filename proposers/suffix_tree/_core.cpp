@@ -372,21 +372,17 @@ class PyCache {
   void set_ahead(bool on, double min_prob, long long min_tokens) {
     quiet();
     if (min_tokens < 0) throw py::value_error("ahead_min_tokens: expected an integer >= 0");
-    ahead_min_tokens_ = size_t(min_tokens);
     if (!(min_prob >= 0.0 && min_prob <= 1.0))
       throw py::value_error("ahead_min_prob: expected a value in [0, 1], got " + std::to_string(min_prob));
     if (on && cache_.options().cache_active)
       throw py::value_error("append_ahead: not with cache_in_flight (the global tree would be written between steps)");
     ahead_ = on;
     ahead_min_prob_ = min_prob;
+    ahead_min_tokens_ = size_t(min_tokens);
   }
   size_t ahead_tokens(const std::vector<Draft>& drafts) const {
     size_t total = 0;
-    for (const Draft& d : drafts)
-      for (double p : d.probs) {
-        if (p < ahead_min_prob_) break;  // path probabilities never increase
-        ++total;
-      }
+    for (const Draft& d : drafts) total += d.leading_at_least(ahead_min_prob_);
     return total;
   }
   // Waits for the tentative appends of the last step (they run on their own thread until then).

@@ -112,7 +112,6 @@ class ChildMap {
 
   size_t size() const { return size_; }
   size_t bytes() const { return slots_.capacity() * sizeof(Slot); }
-  size_t capacity() const { return slots_.size(); }
 
   // Journal (Tree's tentative appends): while on, every slot write first records the slot's old
   // contents, so undo() can restore the map exactly. Inserts must not rehash meanwhile (reserve first).
@@ -211,6 +210,13 @@ struct Draft {
   std::vector<double> probs;
   double score = 0.0;  // sum of probs: expected accepted tokens under the count model
   i32 match_len = 0;   // 0 when the draft is empty
+
+  // How many leading tokens have a path probability >= p (path probabilities never increase).
+  size_t leading_at_least(double p) const {
+    size_t m = 0;
+    while (m < probs.size() && probs[m] >= p) ++m;
+    return m;
+  }
 };
 
 class Tree {
@@ -366,7 +372,6 @@ class Tree {
                           S.rep_first, last_writer_});
     append(jseq_, t);
   }
-  size_t tentative() const { return journal_ ? marks_.size() : 0; }
   void take_back(size_t keep) {
     if (!journal_) return;
     if (keep < marks_.size()) {
@@ -396,8 +401,8 @@ class Tree {
  private:
   // ---- basic accessors -------------------------------------------------------------------------
   // Every write to a node goes through mut() (and to an endpoint through set_endpoint), so that a
-  // journal of tentative appends can restore it.
-  // The journal is off on the engine's step: its records are kept out of line, off the hot path.
+  // journal of tentative appends can restore it; the journal is off on the engine's step, so its
+  // records are kept out of line, off the hot path.
   Node& mut(i32 v) {
     if (__builtin_expect(journal_, false)) log_node(v);
     return nodes_[v];
@@ -999,8 +1004,7 @@ class Cache {
   void speculate_into(Req& r, i32 max_tokens, double price, Draft& best) {
     speculate_unpriced(r, max_tokens, best);
     if (price > 0.0) {
-      size_t keep = 0;
-      while (keep < best.probs.size() && best.probs[keep] >= price) ++keep;
+      const size_t keep = best.leading_at_least(price);
       best.tokens.resize(keep);
       best.probs.resize(keep);
       if (keep == 0) {
@@ -1185,10 +1189,8 @@ class Cache {
     std::vector<Req*> reqs(keys.size());  // looked up before any thread starts
     for (size_t i = 0; i < keys.size(); ++i) reqs[i] = &get(keys[i]);
     auto one = [&](size_t i) {
-      const Draft& d = drafts[i];
-      size_t m = 0;
-      while (m < d.probs.size() && d.probs[m] >= min_prob) ++m;  // path probabilities never increase
-      if (m > 0) append_ahead(*reqs[i], d.tokens.data(), m);
+      const size_t m = drafts[i].leading_at_least(min_prob);
+      if (m > 0) append_ahead(*reqs[i], drafts[i].tokens.data(), m);
     };
     if (pool == nullptr || keys.size() < parallel_from) {
       for (size_t i = 0; i < keys.size(); ++i) one(i);
