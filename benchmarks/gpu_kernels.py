@@ -10,9 +10,11 @@ against
   flash  flash_attn_varlen_func(causal=True) on the same ragged layout as ours, when flash_attn imports.
 DSpark walk (Qwen3-8B-sized drafter: hidden 4096, vocab 151936, Markov rank 64, block g = 16, bf16) at batch
 8: ours (one launch) against the torch walk (`markov_walk`, greedy) and against a DFlash step (one batched
-argmax over the vocabulary for the block), per head type, full vocabulary and draft_topk = 8. Then a few
-kernel configurations at the target shapes (what to change if a target is missed). Order: walk, uniform
-grid, configurations, ragged grid; a time budget skips what is left (listed in the report).
+argmax over the vocabulary for the block), per head type, full vocabulary and draft_topk = 8; then the
+drafter's whole greedy block (`walk_block`, with a confidence head) fused or not. Then a few kernel
+configurations at the target shapes (what to change if a target is missed). Order, after 3 s that bring the
+GPU's clocks up: walk, block, uniform grid, configurations, ragged grid; a time budget skips what is left
+(listed in the report).
 
 Correctness: attention within bf16 tolerance of the fp32 reference (SDPA's too, which checks the baseline's
 mask); walk tokens identical to `markov_walk` with an fp32 head, and with the bf16 heads each drafted token
@@ -50,12 +52,12 @@ def parse_args() -> argparse.Namespace:
 
 
 def import_kernels():
-    """(verify_attention module, dspark_walk module, MarkovHead, markov_walk): from the
+    """(verify_attention module, dspark_walk module, heads module of the DSpark proposer): from the
     installed package, else from the source tree without running the package __init__s (which pull in the
     rest of the project's dependencies)."""
     try:
         from spec_plugins.kernels import dspark_walk, verify_attention
-        from spec_plugins.proposers.dspark.heads import MarkovHead, markov_walk
+        from spec_plugins.proposers.dspark import heads
     except ImportError:
         for name in [m for m in sys.modules if m == "spec_plugins" or m.startswith("spec_plugins.")]:
             del sys.modules[name]
@@ -66,8 +68,8 @@ def import_kernels():
             module.__path__ = [str(p) for p in path]
             sys.modules[name] = module
         from spec_plugins.kernels import dspark_walk, verify_attention
-        from spec_plugins.proposers.dspark.heads import MarkovHead, markov_walk
-    return verify_attention, dspark_walk, MarkovHead, markov_walk
+        from spec_plugins.proposers.dspark import heads
+    return verify_attention, dspark_walk, heads
 
 
 class Timer:
@@ -222,7 +224,7 @@ def walk_consistent(torch, hidden, base, anchor, markov, tokens, topk, tol):
 
 def walk_case(env, head_type, dtype, gen):
     """A random Markov head and block inputs (bias and backbone logits of similar spread, so both matter)."""
-    torch, MarkovHead = env["torch"], env["MarkovHead"]
+    torch, MarkovHead = env["torch"], env["heads"].MarkovHead
     device = "cpu" if env["dry"] else "cuda"
     batch, g, vocab, hidden_size, rank = env["walk_shape"]
     markov = MarkovHead(vocab, rank, hidden_size, head_type).to(device, dtype).eval()
@@ -235,7 +237,8 @@ def walk_case(env, head_type, dtype, gen):
 
 
 def run_walk(env, report, deadline):
-    torch, walk, timer, markov_walk = env["torch"], env["walk"], env["timer"], env["markov_walk"]
+    torch, walk, timer, heads = env["torch"], env["walk"], env["timer"], env["heads"]
+    markov_walk = heads.markov_walk
     batch, g, vocab, hidden_size, rank = env["walk_shape"]
     gen = torch.Generator().manual_seed(0)
     # bf16 (deployed; timed, checked along the kernel's own path) for every head; fp32 (exact tokens) for vanilla.
@@ -276,6 +279,47 @@ def run_walk(env, report, deadline):
                 print_row(env, row)
 
 
+def run_block(env, report, deadline):
+    """The drafter's whole greedy block as `walk_block` gives it (tokens, logits, one-hot proposal and a
+    confidence head's logits), fused (the kernel plus one teacher-forced pass) against the torch walk: what
+    choosing the kernel by default changes for a DSpark drafter."""
+    torch, timer, heads = env["torch"], env["timer"], env["heads"]
+    batch, g, vocab, hidden_size, rank = env["walk_shape"]
+    gen = torch.Generator().manual_seed(3)
+    dtype = torch.float32 if env["dry"] else torch.bfloat16
+    for head_type in ("vanilla", "gated", "rnn"):
+        hidden, base, anchor, markov = walk_case(env, head_type, dtype, gen)
+        confidence = heads.ConfidenceHead(hidden_size, rank).to(hidden.device, dtype).eval()
+        for topk in (None, 8):
+            label = f"block {head_type} topk={topk}"
+            if time.monotonic() > deadline:
+                report["skipped"].append(label)
+                continue
+            row = dict(kernel="walk_block", head=head_type, draft_topk=topk, batch=batch, g=g)
+            try:
+                fused = lambda: heads.walk_block(hidden, base, anchor, markov, confidence, 0.0,  # noqa: E731
+                                                 draft_topk=topk, fused=True)
+                plain = lambda: heads.walk_block(hidden, base, anchor, markov, confidence, 0.0,  # noqa: E731
+                                                 draft_topk=topk, fused=False)
+                row["token_match"] = float((fused().tokens == plain().tokens).float().mean())
+                row["fused_ms"], row["torch_ms"] = timer(fused), timer(plain)
+                row["torch_over_fused"] = row["torch_ms"] / row["fused_ms"]
+            except Exception as exc:  # noqa: BLE001
+                row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            report["block"].append(row)
+            print_row(env, row)
+
+
+def warm_up(torch, seconds: float) -> None:
+    """Bring the GPU's clocks up before anything is timed (an idle H200 sits at 345 MHz)."""
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for _ in range(20):
+            a @ a
+        torch.cuda.synchronize()
+
+
 def run_tuning(env, report, deadline):
     """A few kernel configurations at the target shapes (checked, then timed): what to change if a target
     is missed. Runs last, within what is left of the time budget."""
@@ -309,19 +353,25 @@ def run_tuning(env, report, deadline):
                 row["error"] = f"{type(exc).__name__}: {exc}"[:300]
             report["tuning"].append(row)
             print_row(env, row)
-    gen = torch.Generator().manual_seed(2)
-    hidden, base, anchor, markov = walk_case(env, "vanilla", torch.float32 if dry else torch.bfloat16, gen)
     walk_configs = [(None, {"block_v": 256}), (None, {"num_warps": 8}), (8, {"block_v": 4096}),
-                    (8, {"block_v": 65536}), (8, {"sub_block": 128}), (8, {"preload": False})]
-    for topk, config in walk_configs[:2] if dry else walk_configs:
-        label = f"tune walk topk={topk} {config}"
+                    (8, {"block_v": 65536}), (8, {"sub_block": 128}), (8, {"preload": True}), (8, {"preload": False})]
+    cases = [("vanilla", topk, config) for topk, config in (walk_configs[:2] if dry else walk_configs)]
+    if not dry:  # the top-k walk with its candidates' rows preloaded into registers or not, for every head
+        cases += [(head, 8, {"preload": flag}) for head in ("gated", "rnn") for flag in (True, False)]
+    inputs = {}
+    for head, topk, config in cases:
+        if head not in inputs:
+            gen = torch.Generator().manual_seed(2)
+            inputs[head] = walk_case(env, head, torch.float32 if dry else torch.bfloat16, gen)
+        hidden, base, anchor, markov = inputs[head]
+        label = f"tune walk {head} topk={topk} {config}"
         if time.monotonic() > deadline:
             report["skipped"].append(label)
             continue
-        row = dict(kernel="tuning", target="dspark_walk", cell=f"vanilla topk={topk}", config=json.dumps(config))
+        row = dict(kernel="tuning", target="dspark_walk", cell=f"{head} topk={topk}", config=json.dumps(config))
         try:
             fn = lambda: walk.dspark_walk(hidden, base, anchor, markov, topk, **config)  # noqa: E731
-            want = env["markov_walk"](hidden, base, anchor, markov, None, 0.0, draft_topk=topk).tokens
+            want = env["heads"].markov_walk(hidden, base, anchor, markov, None, 0.0, draft_topk=topk).tokens
             row["token_match"] = float((fn() == want).float().mean())
             row["ms"] = timer(fn)
         except Exception as exc:  # noqa: BLE001
@@ -347,11 +397,12 @@ WALK_COLS = ["head", "dtype", "draft_topk", "batch", "g", "token_match", "ours_m
              "dflash_step_ms", "ours_over_dflash", "torch_over_ours", "error"]
 
 
+BLOCK_COLS = ["head", "draft_topk", "batch", "g", "token_match", "fused_ms", "torch_ms", "torch_over_fused", "error"]
 TUNE_COLS = ["target", "cell", "config", "ms", "max_abs_err", "token_match", "error"]
 
 
 def print_row(env, row) -> None:
-    cols = {"verify_attention": ATTN_COLS, "dspark_walk": WALK_COLS}.get(row["kernel"], TUNE_COLS)
+    cols = {"verify_attention": ATTN_COLS, "dspark_walk": WALK_COLS, "walk_block": BLOCK_COLS}.get(row["kernel"], TUNE_COLS)
     print(row["kernel"] + "  " + "  ".join(f"{c}={fmt(row.get(c))}" for c in cols if row.get(c) is not None), flush=True)
 
 
@@ -391,6 +442,7 @@ def markdown(report) -> str:
     lines += [f"- FAIL {c['check']}: {json.dumps({k: v for k, v in c.items() if k != 'check'})}" for c in bad]
     for title, rows, cols in (("Verification attention (ms; ratios > 1: ours faster)", report["attention"], ATTN_COLS),
                               ("DSpark walk (ms; ours_over_dflash: target <= 1.2)", report["walk"], WALK_COLS),
+                              ("The drafter's greedy block, `walk_block` fused or not (ms)", report["block"], BLOCK_COLS),
                               ("Kernel configurations at the target shapes", report["tuning"], TUNE_COLS)):
         lines += ["", f"## {title}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         lines += ["| " + " | ".join(fmt(r.get(c)) for c in cols) + " |" for r in rows]
@@ -412,12 +464,12 @@ def main() -> int:
     if not args.dry_run and not torch.cuda.is_available():
         print("gpu_kernels: no CUDA device here; run it on the GPU machine, or use --dry-run for a CPU smoke test")
         return 1
-    attn, walk, MarkovHead, markov_walk = import_kernels()
+    attn, walk, heads = import_kernels()
     if args.dry_run:
         torch.set_num_threads(1)
     torch.set_grad_enabled(False)  # the torch walk is timed as inference, like ours
     start = time.monotonic()
-    env = dict(torch=torch, attn=attn, walk=walk, MarkovHead=MarkovHead, markov_walk=markov_walk,
+    env = dict(torch=torch, attn=attn, walk=walk, heads=heads,
                timer=Timer(cuda=not args.dry_run), dry=args.dry_run)
     if args.dry_run:
         env["attn_shape"] = dict(q_heads=4, head_dim=16, context=24, context_lo=8, context_hi=40, dtype=torch.float32)
@@ -428,12 +480,15 @@ def main() -> int:
         env["walk_shape"] = (8, 16, 151936, 4096, 64)
     device = "cpu (TRITON_INTERPRET=1)" if args.dry_run else torch.cuda.get_device_name()
     report = dict(device=device, torch=torch.__version__, triton=triton.__version__, python=platform.python_version(),
-                  dry_run=args.dry_run, correctness=[], attention=[], walk=[], tuning=[], skipped=[])
+                  dry_run=args.dry_run, correctness=[], attention=[], walk=[], block=[], tuning=[], skipped=[])
     print(f"gpu_kernels on {device}: torch {torch.__version__}, triton {triton.__version__}", flush=True)
     # The walk first: it is short, and its cooperative launch is the part most worth seeing on real hardware.
     # Most important first (the budget may cut the end): the walk, the uniform attention grid (the targets'
     # cells), configurations at the target shapes, then the ragged grid.
+    if not args.dry_run:
+        warm_up(torch, 3.0)
     run_walk(env, report, start + BUDGET_S)
+    run_block(env, report, start + BUDGET_S)
     run_attention(env, report, start + BUDGET_S, "uniform")
     run_tuning(env, report, start + BUDGET_S)
     run_attention(env, report, start + BUDGET_S, "ragged")

@@ -14,8 +14,8 @@ with TRITON_INTERPRET=1 (CPU testing); otherwise (or without triton) the torch r
 
 Where they are used: the DSpark walk through `proposers.dspark.heads.walk_block`, which both the reference
 engine's `DSparkDrafter.propose_block` and the vLLM DSpark drafter's `sample_block` call: greedy blocks on CUDA
-take the kernel when SPEC_PLUGINS_FUSED_WALK=1 (opt-in until `benchmarks/gpu_kernels.py` has timed it against
-the torch walk), the rest the torch walk. Verification attention is not wired into an engine: in vLLM it would
+take the kernel (SPEC_PLUGINS_FUSED_WALK=0 turns it off; on an H200 the whole block is 1.7-5.5x faster with it,
+`benchmarks/gpu_kernels.py`), the rest the torch walk. Verification attention is not wired into an engine: in vLLM it would
 be an attention backend (a `vllm.v1.attention.backends` class selected by `VLLM_ATTENTION_BACKEND`, registered
 from our general plugin) or a `torch.library` custom op the model's attention calls; both replace vLLM's own
 backend for every layer, a large patch, so they wait for GPU numbers that say it pays.

@@ -239,6 +239,26 @@ def test_fused_walk_block_is_the_walk(head_type):
 
 
 @interpreted
+def test_fused_walk_default_is_cuda_only(monkeypatch):
+    """fused=None takes the kernel only for CUDA tensors (never the interpreter for CPU tensors, which would
+    slow every CPU drafter down), and SPEC_PLUGINS_FUSED_WALK=0 turns it off; fused=True takes it."""
+    from spec_plugins.proposers.dspark import heads
+
+    hidden, base, anchor, markov = walk_inputs("vanilla")
+    calls = []
+    monkeypatch.setattr(walk_mod, "dspark_walk", lambda *a, **k: calls.append(1) or markov_walk(*a[:4], None, 0.0).tokens)
+    for env in ("1", "0", None):
+        if env is None:
+            monkeypatch.delenv(heads.FUSED_WALK_ENV, raising=False)
+        else:
+            monkeypatch.setenv(heads.FUSED_WALK_ENV, env)
+        heads.walk_block(hidden, base, anchor, markov)
+    assert calls == []
+    heads.walk_block(hidden, base, anchor, markov, fused=True)
+    assert calls == [1]
+
+
+@interpreted
 def test_walk_matches_in_bfloat16_and_with_wide_chunks():
     """bf16 head and logits (the bias rounded to bf16 before the add, as nn.Linear's output is), a rank that
     is a power of two, and vocabulary chunks of other sizes."""

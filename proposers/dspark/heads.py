@@ -190,7 +190,7 @@ def markov_walk(hidden: Tensor, base_logits: Tensor, anchor: Tensor, markov: Mar
     )
 
 
-FUSED_WALK_ENV = "SPEC_PLUGINS_FUSED_WALK"  # =1: greedy blocks on CUDA draft with the fused kernel (walk_block)
+FUSED_WALK_ENV = "SPEC_PLUGINS_FUSED_WALK"  # =0: greedy blocks on CUDA take the torch walk, not the fused kernel
 
 
 def walk_block(hidden: Tensor, base_logits: Tensor, anchor: Tensor, markov: MarkovHead | None,
@@ -199,10 +199,11 @@ def walk_block(hidden: Tensor, base_logits: Tensor, anchor: Tensor, markov: Mark
                fused: bool | None = None) -> WalkResult:
     """`markov_walk`, or for a greedy block where the fused kernel runs (`kernels/dspark_walk.py`: CUDA
     tensors with Triton) the kernel's tokens plus one teacher-forced pass for their logits and confidences:
-    the same WalkResult. fused: None reads SPEC_PLUGINS_FUSED_WALK (off unless "1"; the kernel is opt-in
-    until `benchmarks/gpu_kernels.py` has measured it against this walk on a GPU)."""
+    the same WalkResult. fused: None takes the kernel for CUDA tensors unless SPEC_PLUGINS_FUSED_WALK=0 (on an
+    H200 the fused block is 1.7-5.5x faster than this walk at batch 8, `benchmarks/gpu_kernels.py`); True also
+    takes it under Triton's CPU interpreter (tests)."""
     if fused is None:
-        fused = os.environ.get(FUSED_WALK_ENV, "0").strip() == "1"
+        fused = base_logits.is_cuda and os.environ.get(FUSED_WALK_ENV, "1").strip() != "0"
     # Triton is imported only where the kernel can run: CUDA tensors, or the CPU interpreter in tests.
     use_kernel = (fused and markov is not None and (base_logits.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
                   and bool((torch.as_tensor(temperature).reshape(-1) < _GREEDY_EPS).all()))
