@@ -52,12 +52,13 @@ def num_new(seen: dict, req_id, ctx) -> int:
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.integers(0, 2**32 - 1), st.sampled_from(["matrix32", "matrix64", "lists"]), st.booleans(),
+@given(st.integers(0, 2**32 - 1), st.sampled_from(["matrix32", "matrix64", "lists"]), st.sampled_from([0, 1, 5]),
        st.sampled_from([1, 2, 5, 16]))
 def test_suffix_tree_batch_drafts_equal_per_request_drafts(seed, layout, threads, interleave):
+    """threads 5: most steps have fewer groups of `interleave` requests than workers (only some are woken)."""
     opts = {"max_depth": 12, "max_cached_requests": 5}
     single = SuffixTreeProposer(**opts)
-    batched = SuffixTreeProposer(**opts, threads=1 if threads else 0, parallel_from=1, interleave=interleave)
+    batched = SuffixTreeProposer(**opts, threads=threads, parallel_from=1, interleave=interleave)
     seen: dict = {}
     for step, finished, rng in scenario(seed):
         for r in finished:
@@ -79,9 +80,10 @@ def test_suffix_tree_batch_drafts_equal_per_request_drafts(seed, layout, threads
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(0, 2**32 - 1), st.sampled_from(["matrix32", "matrix64", "lists"]))
-def test_ngram_batch_drafts_equal_per_request_drafts(seed, layout):
-    single, batched = NgramProposer(min_ngram=1, max_ngram=4), NgramProposer(min_ngram=1, max_ngram=4, parallel_from=2)
+@given(st.integers(0, 2**32 - 1), st.sampled_from(["matrix32", "matrix64", "lists"]), st.sampled_from([1, 5]))
+def test_ngram_batch_drafts_equal_per_request_drafts(seed, layout, threads):
+    single = NgramProposer(min_ngram=1, max_ngram=4)
+    batched = NgramProposer(min_ngram=1, max_ngram=4, parallel_from=2, threads=threads)
     for step, _, rng in scenario(seed, steps=8):
         ids, ctxs = [r for r, _ in step], [c for _, c in step]
         caps = rng.integers(0, 9, size=len(step))

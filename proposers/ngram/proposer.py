@@ -36,7 +36,7 @@ class NgramProposer:
         model_config = pydantic.ConfigDict(extra="forbid")
         min_ngram: int = pydantic.Field(default=2, ge=1)
         max_ngram: int = pydantic.Field(default=5, ge=1)
-        threads: int = pydantic.Field(default=-1, ge=-1, le=256, description="-1: one per extra core, <= 3; 0: none")
+        threads: int = pydantic.Field(default=-1, ge=-1, le=256, description="-1: one per extra core, <= 7; 0: none")
         parallel_from: int = pydantic.Field(default=64, ge=1, description="batch size from which threads are used")
         confidence: bool = pydantic.Field(
             default=True, description="per-token confidences from the match length (for the adaptive policy)")

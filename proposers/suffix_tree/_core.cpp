@@ -532,7 +532,7 @@ PYBIND11_MODULE(_core, m) {
            "price: expected accepted tokens a drafted token must add (Cache::speculate); 0: unpriced.")
       .def("set_parallel", &PyCache::set_parallel, py::arg("threads"), py::arg("parallel_from"),
            py::arg("interleave") = 16,
-           "Worker threads for batched drafting (-1: one per extra core, at most 3; 0: none), the batch "
+           "Worker threads for batched drafting (-1: one per extra core, at most 7; 0: none), the batch "
            "size from which they are used, and how many requests' appends a batched step interleaves.")
       .def_property_readonly("threads", &PyCache::workers)
       .def("set_ahead", &PyCache::set_ahead, py::arg("on"), py::arg("min_prob") = 0.5, py::arg("min_tokens") = 8,

@@ -94,7 +94,7 @@ class SuffixTreeProposer:
         copy_hazard_d: float = pydantic.Field(default=0.8, ge=0.0, le=1e6)
         # Batched drafting on this host: the drafts are the same whatever these are.
         threads: int = pydantic.Field(
-            default=-1, ge=-1, le=256, description="worker threads for a batched step (-1: one per extra core, <= 3)"
+            default=-1, ge=-1, le=256, description="worker threads for a batched step (-1: one per extra core, <= 7)"
         )
         parallel_from: int = pydantic.Field(default=64, ge=1, description="batch size from which threads are used")
         interleave: int = pydantic.Field(
