@@ -1,35 +1,62 @@
-"""The host time of a drafting step as a function of batch size, read off a `step_overhead` measurement.
+"""The host time of a drafting step as a function of batch size and of the tokens each request appends, read
+off `step_overhead` measurements.
 
-    host = HostTime.load("benchmarks/host_time/cpu2-step-overhead.json", proposer="suffix_tree")
-    host.seconds("adaptive", batch=64)   # the whole propose() of our vLLM adapter at B = 64
+    host = HostTime.load("benchmarks/host_time/cpu2-step-overhead.json", proposer="suffix_tree",
+                         growth=GROWTH)
+    host.seconds("adaptive", batch=64)              # the whole propose() of our vLLM adapter at B = 64
+    host.seconds("fixed", batch=256, tokens=9.5)    # ... when each request appends 9.5 tokens a step
 
-On a GPU the drafting step runs between two verification steps, so a model of goodput that leaves it
-out flatters the proposers and policies that cost host time. Between measured batch sizes the time is
-interpolated linearly; past the largest it grows by that size's time per request; below the smallest it
-is the smallest's.
+On a GPU the drafting step runs between two verification steps, so a model of goodput that leaves it out
+flatters the proposers and policies that cost host time. The base measurement appends 1-4 tokens per
+request a step (BASE_TOKENS on average); between its batch sizes the time is interpolated linearly, past the
+largest it grows by that size's time per request, below the smallest it is the smallest's.
+
+What a request appends changes the step: a suffix tree's appends grow with it (on code edits, where ~15
+tokens a step are accepted, ten times the base), an n-gram scan does not. The growth measurements
+(`step_overhead --verify`, on code and on code rewrites, at a few batch sizes) give, per batch size, the
+time at other token counts; `seconds(..., tokens=t)` scales the base time by the ratio of the time at t to
+the time at BASE_TOKENS along the piecewise-linear curve through the measured points (the base one
+included; flat below the fewest tokens measured, extrapolated along the last segment above the most),
+that ratio interpolated over log2(batch) between the batch sizes measured that way (and held outside them).
+The measurements come from different runs of one machine, so the curve mixes their run-to-run spread.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Sequence
 
 import numpy as np
 
-DEFAULT = Path(__file__).resolve().parents[2] / "benchmarks" / "host_time" / "cpu2-step-overhead.json"
+FOLDER = Path(__file__).resolve().parents[2] / "benchmarks" / "host_time"
+DEFAULT = FOLDER / "cpu2-step-overhead.json"
+GROWTH = (FOLDER / "cpu2-step-overhead-verify.json", FOLDER / "cpu2-step-overhead-rewrite.json")
+BASE_TOKENS = 2.5  # tokens a request appends per step in the base measurement (1-4, uniform)
 POLICIES = ("fixed", "adaptive")
 # The engines' own proposers, as replay traces name them -> their rows in a step_overhead measurement.
 # They run no policy of ours: only their `fixed` path exists.
 ENGINE_ROWS = {"arctic": "vLLM suffix (ArcticInference)", "vllm_ngram": "vLLM ngram (numba)"}
 
 
+def _read(path: str | Path) -> list[dict]:
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"host time {path}: cannot read a step_overhead JSON ({exc})") from None
+    return doc["rows"] if isinstance(doc, dict) else doc
+
+
 class HostTime:
     """Measured seconds per drafting step for one proposer under the `fixed` and `adaptive` policies."""
 
-    def __init__(self, rows: list[dict], proposer: str, source: str = "measurement") -> None:
+    def __init__(self, rows: list[dict], proposer: str, source: str = "measurement",
+                 growth_rows: Sequence[dict] = ()) -> None:
         self.proposer, self.source = proposer, source
+        self.growth_sources: list[str] = []  # the measurements growth_rows came from (`load`)
         self._curves: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        # policy -> (log2 batches, per batch: (tokens, seconds) of the curve at that batch)
+        self._growth: dict[str, tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]] = {}
         names = {"fixed": ENGINE_ROWS[proposer]} if proposer in ENGINE_ROWS else {p: f"{proposer} {p}" for p in POLICIES}
         for policy, name in names.items():
             points = sorted((int(r["batch"]), float(r["us_per_step"]) * 1e-6) for r in rows if r["proposer"] == name)
@@ -37,20 +64,49 @@ class HostTime:
                 known = sorted({r["proposer"] for r in rows})
                 raise ValueError(f"host time {source}: no rows for {name!r}; it has {', '.join(known)}")
             self._curves[policy] = (np.array([b for b, _ in points], dtype=float), np.array([s for _, s in points]))
+            by_batch: dict[int, list[tuple[float, float]]] = {}
+            for r in growth_rows:
+                if r["proposer"] == name and r.get("tokens_per_request_step") is not None:
+                    by_batch.setdefault(int(r["batch"]), []).append(
+                        (float(r["tokens_per_request_step"]), float(r["us_per_step"]) * 1e-6))
+            if by_batch:
+                batches = sorted(by_batch)
+                curves = []
+                for b in batches:
+                    pts = sorted(by_batch[b] + [(BASE_TOKENS, self._base(policy, b))])
+                    curves.append((np.array([t for t, _ in pts]), np.array([s for _, s in pts])))
+                self._growth[policy] = (np.log2(np.array(batches, dtype=float)), curves)
 
     @classmethod
-    def load(cls, path: str | Path, proposer: str) -> "HostTime":
-        try:
-            doc = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ValueError(f"host time {path}: cannot read a step_overhead JSON ({exc})") from None
-        rows = doc["rows"] if isinstance(doc, dict) else doc
-        return cls(rows, proposer, source=str(path))
+    def load(cls, path: str | Path, proposer: str, growth: Sequence[str | Path] = ()) -> "HostTime":
+        """`path`: the base measurement; `growth`: measurements with tokens per request (none: the base alone)."""
+        host = cls(_read(path), proposer, source=str(path), growth_rows=[r for g in growth for r in _read(g)])
+        host.growth_sources = [str(g) for g in growth]
+        return host
 
-    def seconds(self, policy: Literal["fixed", "adaptive"], batch: int) -> float:
+    def seconds(self, policy: Literal["fixed", "adaptive"], batch: int, tokens: float | None = None) -> float:
+        """Host seconds of one step of `batch` requests; tokens: what each appends on average this step (None:
+        as in the base measurement)."""
+        base = self._base(policy, batch)
+        if tokens is None or policy not in self._growth:
+            return base
+        log_batches, curves = self._growth[policy]
+        ratios = [_along(t, s, tokens) / _along(t, s, BASE_TOKENS) for t, s in curves]
+        return base * float(np.interp(np.log2(max(batch, 1)), log_batches, ratios))
+
+    def _base(self, policy: str, batch: int) -> float:
         if policy not in self._curves:
             raise ValueError(f"host time: {self.proposer!r} is an engine's own proposer; it runs no {policy} policy")
         batches, secs = self._curves[policy]
         if batch >= batches[-1]:
             return float(secs[-1] / batches[-1] * batch)
         return float(np.interp(batch, batches, secs))
+
+
+def _along(tokens: np.ndarray, secs: np.ndarray, t: float) -> float:
+    """The piecewise-linear curve through (tokens, secs) at t: flat below the first point, the last segment
+    extended above the last."""
+    if len(tokens) > 1 and t > tokens[-1]:
+        slope = (secs[-1] - secs[-2]) / max(tokens[-1] - tokens[-2], 1e-9)
+        return float(max(secs[-1] + slope * (t - tokens[-1]), 1e-12))
+    return float(np.interp(t, tokens, secs))

@@ -27,8 +27,11 @@ so all policies see identical inputs (the approximation every trace-driven simul
 Host time: every step is also charged the measured host time of the drafting step at its batch size
 (`--host-time`, a `python -m spec_plugins.bench.step_overhead --json` measurement; by default the one in
 `benchmarks/host_time/`): the `fixed` path's for the static policies, the schedule and hindsight, the
-`adaptive` path's for the adaptive policy, for the traces' proposer. It replaces the cost model's own
-per-request drafting estimate (`--draft-us`), which then applies only with `--host-time none`.
+`adaptive` path's for the adaptive policy, for the traces' proposer, scaled to the tokens each request
+appends at that step (what the policy's previous step emitted per request; `--host-growth`, see
+`spec_plugins.bench.host_time`): a suffix tree's appends, and vLLM `suffix`'s, cost more when more is
+accepted. It replaces the cost model's own per-request drafting estimate (`--draft-us`), which then applies
+only with `--host-time none`.
 """
 
 from __future__ import annotations
@@ -111,9 +114,11 @@ def batch_schedule(requests: list[TraceRequest], batch: int, num_steps: int, see
 def simulate(requests: list[TraceRequest], steps, cost, policies: dict[str, Any],
              host: Any = None) -> dict[str, float]:
     """Goodput (tokens per modelled second) of each policy over the same steps; `host` (a HostTime) adds
-    the drafting step's host time to every step."""
+    the drafting step's host time to every step, for the tokens each request appends there (what that
+    policy's previous step emitted)."""
     tokens = {name: 0.0 for name in policies}
     seconds = {name: 0.0 for name in policies}
+    appended: dict[str, float | None] = {name: None for name in policies}  # per request, the step before's tokens
     for batch, ends in steps:
         recs = [(key, requests[i], k) for key, i, k in batch]
         drafted = np.array([r.drafted[k] for _, r, k in recs])
@@ -129,10 +134,12 @@ def simulate(requests: list[TraceRequest], steps, cost, policies: dict[str, Any]
                 keep = np.asarray(pol.trim(reqs, drafts), dtype=int)
                 for (key, _, _), n, a in zip(recs, keep, accepted):
                     pol.observe(key, int(n), int(min(a, n)))
-            tokens[name] += float(np.sum(1 + np.minimum(accepted, keep)))
+            emitted = 1 + np.minimum(accepted, keep)
+            tokens[name] += float(np.sum(emitted))
             seconds[name] += cost.step_time([int(x) for x in keep], context)
-            if host is not None:
-                seconds[name] += host.seconds("fixed" if callable(pol) else "adaptive", len(recs))
+            if host is not None:  # this step's drafting appended what the step before emitted
+                seconds[name] += host.seconds("fixed" if callable(pol) else "adaptive", len(recs), appended[name])
+            appended[name] = float(np.mean(emitted))
         for name, pol in policies.items():
             if not callable(pol):
                 for key in ends:
@@ -144,14 +151,21 @@ def build_host_time(args, traces: list[dict]) -> Any:
     """The HostTime to charge (None with --host-time none), for the traces' proposer."""
     if args.host_time.strip().lower() == "none":
         return None
-    from spec_plugins.bench.host_time import DEFAULT, HostTime
+    from spec_plugins.bench.host_time import DEFAULT, GROWTH, HostTime
 
     proposers = {t.get("proposer") for t in traces}
     if len(proposers) != 1 or None in proposers:
         raise ValueError(f"--host-time: the traces come from {sorted(map(str, proposers))}; charge one proposer's "
                          "host time at a time, or pass --host-time none")
+    growth_arg = args.host_growth.strip()
+    if growth_arg.lower() == "none":
+        growth: tuple = ()
+    elif growth_arg.lower() == "default":
+        growth = GROWTH if args.host_time == "default" else ()
+    else:
+        growth = tuple(p for p in growth_arg.split(",") if p.strip())
     try:
-        return HostTime.load(DEFAULT if args.host_time == "default" else args.host_time, proposers.pop())
+        return HostTime.load(DEFAULT if args.host_time == "default" else args.host_time, proposers.pop(), growth)
     except ValueError as exc:
         raise ValueError(f"--host-time: {exc} (measure it with python -m spec_plugins.bench.step_overhead --json, "
                          "or pass --host-time none)") from None
@@ -168,6 +182,10 @@ def add_cost_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--host-time", default="default",
                     help="step_overhead JSON whose measured host time per step is charged ('default': the one in "
                          "benchmarks/host_time/; 'none': charge --draft-us instead)")
+    ap.add_argument("--host-growth", default="default",
+                    help="step_overhead --verify JSONs (comma-separated) giving host time by tokens appended per "
+                         "request ('default': the code and rewrite ones in benchmarks/host_time/ with the default "
+                         "--host-time; 'none': the base measurement's 1-4 tokens for every step)")
 
 
 def build_cost(args) -> Any:
@@ -304,11 +322,14 @@ def main(argv: list[str] | None = None) -> int:
     Console().print(f"worst adaptive / best static: {summary['worst_adaptive_vs_best_static']:.3f}x; "
                     f"headroom captured (batches with >5% headroom {summary['batches_with_headroom_over_5pct']}): "
                     + ("-" if summary["mean_headroom_captured"] is None else f"{100 * summary['mean_headroom_captured']:.0f}%"))
-    Console().print("host time per step: " + (f"measured, {host.proposer} ({host.source})" if host is not None
+    Console().print("host time per step: " + (f"measured, {host.proposer} ({host.source}"
+                                              + "".join(f" + {Path(g).name}" for g in host.growth_sources) + ")"
+                                              if host is not None
                                               else f"not measured; modelled as {args.draft_us} µs per drafting request"))
     if args.json:
         doc = {"format": FORMAT, "command": " ".join(sys.argv), "traces": args.traces.split(","),
                "host_time": None if host is None else host.source,
+               "host_growth": [] if host is None else host.growth_sources,
                "batch_sizes": batch_sizes, "goodput": result["goodput"], "schedule_draft_lens": result["schedule"],
                "summary": summary}
         args.json.parent.mkdir(parents=True, exist_ok=True)
