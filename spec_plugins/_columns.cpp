@@ -14,6 +14,8 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include "fast_array.hpp"
+
 #include <cstdint>
 #include <algorithm>
 #include <string>
@@ -23,7 +25,8 @@ namespace py = pybind11;
 
 namespace {
 
-using i64 = py::array_t<std::int64_t, py::array::c_style>;
+using spec_plugins::usable_as_is;
+using i64 = spec_plugins::CArray<std::int64_t, py::array::c_style>;
 
 void check_batch(i64 context_lens, i64 num_new, i64 max_draft, py::object rows_obj, long long height, long long width) {
   const py::ssize_t n = context_lens.size();
@@ -87,9 +90,9 @@ py::list draft_lists(py::array tokens, i64 offsets) {
   const std::int64_t* o = offsets.data();
   if (n < 0 || o[n] > tokens.size() || tokens.ndim() != 1 || !(tokens.flags() & py::array::c_style))
     throw py::value_error("BatchDrafts: offsets outside the tokens");
-  if (tokens.dtype().is(py::dtype::of<std::int32_t>()))
+  if (usable_as_is<std::int32_t, py::array::c_style>(tokens))
     return lists_of(static_cast<const std::int32_t*>(tokens.data()), o, n);
-  if (tokens.dtype().is(py::dtype::of<std::int64_t>()))
+  if (usable_as_is<std::int64_t, py::array::c_style>(tokens))
     return lists_of(static_cast<const std::int64_t*>(tokens.data()), o, n);
   return lists_of(py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>(tokens).data(), o, n);
 }
@@ -153,7 +156,7 @@ void record_seen(const std::int64_t* sl, py::ssize_t n, const bool* is_new, long
 // A step's requests at `slots` were seen at `step` with contexts of `lens`: returns the tokens new since
 // each was last seen (num_new where the engine knows it, else the context's growth; the whole context
 // for a request seen the first time or whose context shrank), and records lens as seen.
-i64 ledger_seen(i64 slots, py::array_t<bool, py::array::c_style> fresh, long long step, i64 lens, py::object num_new_obj,
+i64 ledger_seen(i64 slots, spec_plugins::CArray<bool, py::array::c_style> fresh, long long step, i64 lens, py::object num_new_obj,
                 i64 last_step, i64 seen_len) {
   const py::ssize_t n = slots.size(), capacity = last_step.size();
   if (fresh.size() != n || lens.size() != n || seen_len.size() != capacity)
@@ -254,10 +257,7 @@ py::object ledger_step(py::dict index, py::sequence req_ids, long long step, i64
 }
 
 bool is_int64_vector(const py::handle& col, py::ssize_t n) {
-  if (!py::isinstance<py::array>(col)) return false;
-  const py::array a = py::reinterpret_borrow<py::array>(col);
-  return a.ndim() == 1 && a.shape(0) == n && a.dtype().is(py::dtype::of<std::int64_t>()) &&
-         (a.flags() & py::array::c_style);
+  return static_cast<bool>(spec_plugins::vector_as_is<std::int64_t>(col, n));
 }
 
 // DraftBatch's three count columns (and rows) when each already is a contiguous int64 vector of n entries:
@@ -303,11 +303,15 @@ py::tuple vllm_rows(py::sequence sampled_token_ids, py::array num_tokens_no_spec
     a[i] = std::int64_t(m) - 1;
     decoding += m > 0;
   }
-  py::array contiguous = py::array::ensure(num_tokens_no_spec, py::array::c_style);
-  if (!contiguous) throw py::error_already_set();
-  if (contiguous.dtype().is(py::dtype::of<std::int32_t>())) read_lens<std::int32_t>(contiguous, n, l);
-  else if (contiguous.dtype().is(py::dtype::of<std::int64_t>())) read_lens<std::int64_t>(contiguous, n, l);
-  else read_lens<std::int64_t>(py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>(contiguous), n, l);
+  if (usable_as_is<std::int64_t, py::array::c_style>(num_tokens_no_spec)) {
+    read_lens<std::int64_t>(num_tokens_no_spec, n, l);
+  } else if (usable_as_is<std::int32_t, py::array::c_style>(num_tokens_no_spec)) {
+    read_lens<std::int32_t>(num_tokens_no_spec, n, l);
+  } else {
+    const auto converted = spec_plugins::as_array<std::int64_t>(num_tokens_no_spec);
+    if (!converted) throw py::value_error("num_tokens_no_spec: expected integer lengths");
+    read_lens<std::int64_t>(converted, n, l);
+  }
   for (py::ssize_t i = 0; i < n; ++i) {
     const std::int64_t room = max_model_len - 1 - l[i];
     c[i] = room < 0 ? 0 : (room < k ? room : k);

@@ -127,3 +127,50 @@ def test_vllm_rows_and_batch_columns():
         DraftBatch(["a", "b"], m, lens, np.array([1, 5]), lens, rows=np.array([0, 1]))
     with pytest.raises(ValueError, match=r"DraftBatch.max_draft: expected 2 integers, got float64"):
         DraftBatch(["a", "b"], m, lens, lens, np.array([1.0, 2.0]), rows=np.array([0, 1]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths_lists, st.sampled_from(["<i8", ">i8", "<i4", "strided", "f8"]))
+def test_compiled_calls_take_every_layout_their_numpy_conversion_takes(lengths, layout):
+    """Arrays already int64, native, contiguous are read as they are (fast_array.hpp); every other layout goes
+    through numpy's conversion as before: byte-swapped, narrower, strided and float columns give the same
+    answers, and the caller's array is never written."""
+    from spec_plugins.policy import _walk
+    from spec_plugins.proposers.ngram import NgramProposer
+    from spec_plugins.proposers.suffix_tree import SuffixTreeProposer
+
+    _, offsets = flat_drafts(lengths)
+    caps = np.full(len(lengths), 3, dtype=np.int64)
+
+    def as_layout(a):
+        if layout == "strided":
+            b = np.zeros(2 * len(a), dtype=np.int64)
+            b[::2] = a
+            return b[::2]
+        return a.astype(layout)
+
+    lengths_col = np.asarray(lengths, dtype=np.int64)
+    want_over = _columns.first_over(lengths_col, caps)
+    if layout == "f8":  # refused by the int64 parameters that do not force a cast (as before)
+        with pytest.raises(TypeError):
+            _columns.first_over(as_layout(lengths_col), caps)
+    else:
+        assert _columns.first_over(as_layout(lengths_col), as_layout(caps)) == want_over
+        assert _columns.draft_lengths(as_layout(offsets), int(offsets[-1])).tolist() == list(lengths)
+    # Forcing a cast (the policy's walk): floats and byte orders are read by value.
+    gain = np.linspace(1.0, 0.1, 2 * len(lengths) + 1)
+    assert _walk.ranking(gain.tolist()) == _walk.ranking(gain.astype(">f8").tolist())
+    # The proposers' column readers: the same drafts from any integer layout of lens and caps.
+    if layout != "f8" and lengths:
+        ctx = [list(range(10)) * 2 for _ in lengths]
+        lens = np.array([len(c) for c in ctx], dtype=np.int64)
+        batch = NgramProposer(min_ngram=1, max_ngram=3)._batch
+        assert [a.tolist() for a in batch.propose(ctx, None, as_layout(lens), as_layout(caps))] == \
+            [a.tolist() for a in batch.propose(ctx, None, lens, caps)]
+        cache = SuffixTreeProposer()._core
+        keys = np.arange(len(lengths), dtype=np.int64)
+        got = cache.step_batch(as_layout(keys), ctx, None, as_layout(lens), as_layout(lens), as_layout(caps))
+        fresh = SuffixTreeProposer()._core
+        want = fresh.step_batch(keys, ctx, None, lens, lens, caps)
+        assert [g.tolist() for g in got[:3]] == [w.tolist() for w in want[:3]]
+        assert keys.tolist() == list(range(len(lengths)))

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "../../spec_plugins/fast_array.hpp"
 #include "../worker_pool.hpp"
 
 namespace py = pybind11;
@@ -70,6 +71,7 @@ found:
 }
 
 py::array_t<std::int64_t> column(py::handle obj, const char* what, py::ssize_t n) {
+  if (auto as_is = spec_plugins::vector_as_is<std::int64_t>(obj, n)) return as_is;  // the usual column
   py::array arr = py::array::ensure(obj);
   if (!arr || arr.ndim() != 1 || (arr.size() > 0 && arr.dtype().kind() != 'i' && arr.dtype().kind() != 'u'))
     throw py::value_error(std::string(what) + ": expected a 1-D integer array");

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "../../spec_plugins/fast_array.hpp"
 #include "suffix_tree.hpp"
 
 namespace py = pybind11;
@@ -17,6 +18,7 @@ namespace {
 
 // A 1-D int64 column (converting other integer dtypes), of length n unless n is -1.
 py::array_t<long long> int64_column(py::handle obj, const char* what, long long n = -1) {
+  if (auto as_is = spec_plugins::vector_as_is<long long>(obj, n)) return as_is;  // the usual column
   py::array arr = py::array::ensure(obj);
   if (!arr || arr.ndim() != 1 || (arr.size() > 0 && arr.dtype().kind() != 'i' && arr.dtype().kind() != 'u'))
     throw py::value_error(std::string(what) + ": expected a 1-D integer array");

@@ -5,6 +5,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include "../fast_array.hpp"
 #include "numeric.hpp"
 
 #include <algorithm>
@@ -16,9 +17,9 @@ using spec_plugins_policy::numpy_sum;
 
 namespace {
 
-using f64 = py::array_t<double, py::array::c_style>;
-using i64 = py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>;
-using i64_out = py::array_t<std::int64_t, py::array::c_style>;  // written in place: no converted copy
+using f64 = spec_plugins::CArray<double, py::array::c_style>;
+using i64 = spec_plugins::CArray<std::int64_t, py::array::c_style | py::array::forcecast>;
+using i64_out = spec_plugins::CArray<std::int64_t, py::array::c_style>;  // written in place: no converted copy
 
 void check_outcome(std::int64_t drafted, std::int64_t accepted) {
   if (accepted < 0 || accepted > drafted)

@@ -6,6 +6,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "../fast_array.hpp"
 #include "numeric.hpp"
 
 #include <algorithm>
@@ -24,8 +25,8 @@ using spec_plugins_policy::numpy_sum;
 
 namespace {
 
-using f64 = py::array_t<double, py::array::c_style | py::array::forcecast>;
-using i64 = py::array_t<std::int64_t, py::array::c_style | py::array::forcecast>;
+using f64 = spec_plugins::CArray<double, py::array::c_style | py::array::forcecast>;
+using i64 = spec_plugins::CArray<std::int64_t, py::array::c_style | py::array::forcecast>;
 
 // RooflineCost.attention_times for one (draft length, context length): same operations, same order.
 struct Attention {
@@ -296,8 +297,8 @@ py::tuple calibrated_survival(f64 flat, i64 offsets, i64 usable, py::ssize_t wid
 }
 
 
-using f64_out = py::array_t<double, py::array::c_style>;
-using i64_out = py::array_t<std::int64_t, py::array::c_style>;
+using f64_out = spec_plugins::CArray<double, py::array::c_style>;
+using i64_out = spec_plugins::CArray<std::int64_t, py::array::c_style>;
 
 // One AdaptiveLength.trim_batch (adaptive.py) in one call, for a cost model that exposes its curves:
 //   survival  from the drafts' confidences (conf: flat, per token; calibrated by the histogram tables,
