@@ -262,6 +262,15 @@ class ReportsDraftKind(Protocol):
 
 
 @runtime_checkable
+class RunsBesideEngine(Protocol):
+    """A proposer with work it can leave running between two steps (the suffix tree's `append_ahead`), worth it
+    only where the engine's step leaves the host idle: the adapter says whether the engine runs its forward on
+    an accelerator, and the proposer's "auto" options follow it (engine-free use leaves them off)."""
+
+    def engine_on_accelerator(self, on_accelerator: bool) -> None: ...
+
+
+@runtime_checkable
 class Configurable(Protocol):
     """A proposer or policy class whose keyword options are a pydantic model (validated by the registry)."""
 

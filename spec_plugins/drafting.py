@@ -32,7 +32,8 @@ import numpy as np
 from spec_plugins import _columns
 from spec_plugins.core import (
     BatchDrafts, BatchPolicy, BatchProposer, BindsModel, DraftBatch, DraftLengthPolicy, DraftRequest, HasStats,
-    LoadsTarget, ObservesStepTime, PricesTokens, Proposer, ReqId, TrimsDrafts, apply_policy, check_cap,
+    LoadsTarget, ObservesStepTime, PricesTokens, Proposer, ReqId, RunsBesideEngine, TrimsDrafts, apply_policy,
+    check_cap,
     check_drafts, check_price,
 )
 from spec_plugins.slots import RequestSlots
@@ -96,6 +97,11 @@ class DraftingLayer:
         """Hand the engine's model config to a policy that costs it (`adaptive` with `hardware` alone)."""
         if isinstance(self.policy, BindsModel):
             self.policy.bind_model(model, source=source)
+
+    def engine_on_accelerator(self, on_accelerator: bool) -> None:
+        """Tell the proposer whether the engine's forward runs on an accelerator (core.RunsBesideEngine)."""
+        if isinstance(self.proposer, RunsBesideEngine):
+            self.proposer.engine_on_accelerator(on_accelerator)
 
     def load(self, target: Any) -> None:
         """Hand the target model to a drafter that needs it."""

@@ -116,3 +116,38 @@ def test_append_ahead_option_checks():
         SuffixTreeProposer(append_ahead=True, cache_in_flight=True)
     with pytest.raises(ValueError, match="ahead_min_prob"):
         SuffixTreeProposer(append_ahead=True, ahead_min_prob=1.5)
+
+
+def test_auto_follows_the_engine_the_adapter_names():
+    """`append_ahead: auto` (the default): off engine-free; on once an adapter says the engine's forward runs on an
+    accelerator (vLLM's device_config.device_type, TensorRT-LLM always), off on a CPU engine; an explicit
+    setting and cache_in_flight (which cannot append ahead) are left as they are."""
+    from types import SimpleNamespace
+
+    from spec_plugins.drafting import DraftingLayer
+    from spec_plugins.core import FixedLength
+    from spec_plugins.vllm import SuffixTree
+
+    text = [1, 2, 3, 4, 5, 6, 7, 8, 9] * 4
+
+    def hands_over(prop) -> bool:
+        layer = DraftingLayer(prop, FixedLength())
+        layer.step(["r"], [text], [len(text)], max_draft=16)
+        prop.wait_ahead()
+        return prop._core.pending(prop._keys["r"]) > 0
+
+    assert not hands_over(SuffixTreeProposer())
+    on = SuffixTreeProposer()
+    DraftingLayer(on, FixedLength()).engine_on_accelerator(True)
+    assert on.appends_ahead and hands_over(on)
+    for options, told, want in (({"append_ahead": False}, True, False), ({"append_ahead": True}, False, True),
+                                ({"cache_in_flight": True}, True, False), ({}, False, False)):
+        prop = SuffixTreeProposer(**options)
+        prop.engine_on_accelerator(told)
+        assert prop.appends_ahead is want and hands_over(prop) is want, options
+    for device, want in (("cuda", True), ("cpu", False), (None, False)):
+        cfg = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=8),
+                              model_config=SimpleNamespace(max_model_len=4096), additional_config=None)
+        if device is not None:
+            cfg.device_config = SimpleNamespace(device_type=device)
+        assert SuffixTree(cfg).proposer.appends_ahead is want, device

@@ -526,3 +526,11 @@ def test_import_does_not_pull_in_tensorrt_llm():
             "print(bad); sys.exit(1 if bad else 0)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_the_suffix_tree_appends_ahead_beside_the_gpu(trtllm):
+    """TensorRT-LLM's forward always runs on the GPU: `append_ahead: auto` is on there, and the lossless runs
+    above (suffix tree cells) run with it."""
+    drafter = make(trtllm, proposer="suffix_tree")
+    run(drafter)
+    assert drafter._drafting.proposer.appends_ahead

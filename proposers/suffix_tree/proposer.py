@@ -101,9 +101,10 @@ class SuffixTreeProposer:
             default=16, ge=1, le=32, description="requests whose appends a batched step interleaves (1: none)"
         )
         # Off the engine's step: the drafts' leading tokens go into the trees while the engine verifies them.
-        append_ahead: bool = pydantic.Field(
-            default=False, description="after each batched step, append the drafts' likely tokens on a thread of "
-            "their own (for a GPU engine: the host is idle while it verifies); the same drafts"
+        append_ahead: bool | Literal["auto"] = pydantic.Field(
+            default="auto", description="after each batched step, append the drafts' likely tokens on a thread of "
+            "their own (for a GPU engine: the host is idle while it verifies); the same drafts. auto: on where "
+            "the engine adapter says its forward runs on an accelerator, and not with cache_in_flight"
         )
         ahead_min_prob: float = pydantic.Field(
             default=0.5, ge=0.0, le=1.0, description="append ahead the draft tokens whose path probability is >= this"
@@ -137,9 +138,10 @@ class SuffixTreeProposer:
         )
         self._core.set_parallel(o.threads, o.parallel_from, o.interleave)
         try:
-            self._core.set_ahead(o.append_ahead, o.ahead_min_prob)
+            self._core.set_ahead(o.append_ahead is True, o.ahead_min_prob)
         except ValueError as exc:
             raise ValueError(f"SuffixTreeProposer option {exc}") from None
+        self.appends_ahead = o.append_ahead is True
         self._keys: dict[Hashable, int] = {}
         self._next_key = 0
 
@@ -177,6 +179,13 @@ class SuffixTreeProposer:
         except ValueError as exc:
             raise ValueError(f"suffix_tree: {exc}") from None
         return BatchDrafts(tokens, offsets, confidence)
+
+    def engine_on_accelerator(self, on_accelerator: bool) -> None:
+        """`append_ahead: auto` follows the engine: on beside an accelerator's forward (core.RunsBesideEngine)."""
+        o = self.options
+        if o.append_ahead == "auto" and not o.cache_in_flight:
+            self._core.set_ahead(on_accelerator, o.ahead_min_prob)
+            self.appends_ahead = on_accelerator
 
     def wait_ahead(self) -> None:
         """Returns once the last batched step's tentative appends (`append_ahead`) are done: what an engine's

@@ -248,6 +248,7 @@ class DrafterLogic:
         self._drafting = DraftingLayer(proposer, policy, who=f"proposer {c['proposer']!r}",
                                        stale_steps=self.stale_steps, on_finish=self._forget,
                                        clock=time.perf_counter)
+        self._drafting.engine_on_accelerator(True)  # TensorRT-LLM's forward always runs on the GPU
         if self._model is not None:
             self._drafting.bind_model(*self._model)
 

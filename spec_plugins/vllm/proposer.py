@@ -68,6 +68,10 @@ class SpecPluginsProposer(RequestIdAware):
                                       stale_steps=self.stale_steps,
                                       on_finish=self._traced_finish if self._trace else None,
                                       clock=time.perf_counter)
+        # vLLM's DeviceConfig.device_type ("cuda", "cpu", ...): work a proposer leaves running between steps is
+        # free beside an accelerator's forward, and competes with the forward on a CPU engine.
+        device = getattr(getattr(vllm_config, "device_config", None), "device_type", None) or "cpu"
+        self.drafting.engine_on_accelerator(device != "cpu")
         # Request ids per batch row, set by the plugin's runner wrapper before each propose(). Without
         # them a row stands for its request; rows are reused and reordered between steps, which only
         # blurs per-request state (our proposers see the whole context every step).
