@@ -57,7 +57,10 @@ class HostTime:
         self._curves: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         # policy -> (log2 batches, per batch: (tokens, seconds) of the curve at that batch)
         self._growth: dict[str, tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]] = {}
-        names = {"fixed": ENGINE_ROWS[proposer]} if proposer in ENGINE_ROWS else {p: f"{proposer} {p}" for p in POLICIES}
+        if proposer in ENGINE_ROWS:
+            names = {"fixed": ENGINE_ROWS[proposer]}
+        else:
+            names = {p: f"{proposer} {p}" for p in POLICIES}
         for policy, name in names.items():
             points = sorted((int(r["batch"]), float(r["us_per_step"]) * 1e-6) for r in rows if r["proposer"] == name)
             if not points:

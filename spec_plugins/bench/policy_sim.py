@@ -322,10 +322,12 @@ def main(argv: list[str] | None = None) -> int:
     Console().print(f"worst adaptive / best static: {summary['worst_adaptive_vs_best_static']:.3f}x; "
                     f"headroom captured (batches with >5% headroom {summary['batches_with_headroom_over_5pct']}): "
                     + ("-" if summary["mean_headroom_captured"] is None else f"{100 * summary['mean_headroom_captured']:.0f}%"))
-    Console().print("host time per step: " + (f"measured, {host.proposer} ({host.source}"
-                                              + "".join(f" + {Path(g).name}" for g in host.growth_sources) + ")"
-                                              if host is not None
-                                              else f"not measured; modelled as {args.draft_us} µs per drafting request"))
+    if host is None:
+        charged = f"not measured; modelled as {args.draft_us} µs per drafting request"
+    else:
+        charged = (f"measured, {host.proposer} ({host.source}"
+                   + "".join(f" + {Path(g).name}" for g in host.growth_sources) + ")")
+    Console().print("host time per step: " + charged)
     if args.json:
         doc = {"format": FORMAT, "command": " ".join(sys.argv), "traces": args.traces.split(","),
                "host_time": None if host is None else host.source,

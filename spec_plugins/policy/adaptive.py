@@ -41,7 +41,7 @@ import pydantic
 
 from spec_plugins.core import BatchDrafts, Draft, DraftBatch, DraftRequest
 from spec_plugins.policy.acceptance import ConfidenceCalibrator, HistoryEstimator, _observe
-from spec_plugins.policy.allocator import StepCost, _walk, allocate_batch, curve_source
+from spec_plugins.policy.allocator import StepCost, _walk, allocate_batch, curve_source, prices_each_context
 from spec_plugins.policy.cost import step_cost
 from spec_plugins.slots import RequestSlots
 
@@ -124,6 +124,7 @@ class AdaptiveLength:
         self._modelled: float | None = None
         self._curves_of: StepCost | None = None  # the cost model `_curves` reads (allocator.curve_source)
         self._curves = None
+        self._each_context = False  # the cost model prices each request at its own context (resolved with _curves)
         self.prices_tokens = opts.price_drafts > 0.0  # core.PricesTokens
         self._cheapest_rows: dict[tuple[int, int], float] = {}  # (requests, curve length) -> seconds
         self._price = 0.0  # the last token_price handed out
@@ -208,6 +209,7 @@ class AdaptiveLength:
         """allocator.curve_source of the current cost model, resolved once per cost model."""
         if self._curves_of is not self.cost:
             self._curves_of, self._curves = self.cost, curve_source(self.cost)
+            self._each_context = prices_each_context(self.cost)
         return self._curves
 
     def _cheapest_row(self, n: int, drafted: int, context: np.ndarray) -> float:
@@ -220,7 +222,7 @@ class AdaptiveLength:
         # the base step, and a longer context's never below it: convex), so a row costs at least the reference
         # curve's -- unless a weight is negative (beyond the longest of three or more contexts, extrapolated):
         # then there is no bound. Checked every step, before the cache: it depends on this step's contexts.
-        if getattr(self.cost, "has_contexts", False) and len(context) and float(
+        if self._each_context and len(context) and float(
                 self.cost.context_weights(context).min()) < 0.0:
             return 0.0
         size = n + drafted + 1

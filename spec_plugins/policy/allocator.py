@@ -21,7 +21,7 @@ ranking is a valid allocation, and the search reads tokens and time along it as 
 
 from __future__ import annotations
 
-from typing import Callable, Literal, Protocol, Sequence
+from typing import Callable, Literal, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -32,13 +32,9 @@ except ImportError:  # pragma: no cover - only without a build
 
 
 class StepCost(Protocol):
-    """What the allocator costs a step with. A cost model may also have `batch_time(batch, rows)`, the
-    verification time of `batch` requests and `rows` tokens in all; then that replaces linear_time plus the
-    requests' attention_time (a measured profile knows it directly). The vectorised forms
-    `batch_times(batch, rows_array)`, `linear_times(rows_array)` and `attention_times(draft_lens,
-    context_lens)` (same values element by element, see `VectorStepCost`) save a Python call per candidate.
-    With `has_contexts` true, `context_terms(batch, size, context_lens)` prices each request at its own context
-    (a measured profile at several context lengths; MeasuredCost)."""
+    """What the allocator costs a step with: the tokens' linear work and each request's attention apart. The
+    richer forms below, where a cost model has them, replace Python calls per candidate with arrays and let
+    the compiled walk read whole curves."""
 
     overhead_s: float
 
@@ -49,12 +45,47 @@ class StepCost(Protocol):
     def draft_time(self, draft_lens: Sequence[int]) -> float: ...
 
 
+@runtime_checkable
 class VectorStepCost(StepCost, Protocol):
-    """A StepCost whose curves come as arrays (RooflineCost, MeasuredCost): what the batched policy wants."""
+    """A StepCost whose parts also come as arrays, the same values element by element (every CostModel)."""
 
     def linear_times(self, rows: np.ndarray) -> np.ndarray: ...
 
     def attention_times(self, draft_lens: np.ndarray, context_lens: np.ndarray) -> np.ndarray: ...
+
+
+@runtime_checkable
+class CurvedStepCost(VectorStepCost, Protocol):
+    """A modelled cost the compiled walk reads as curves (RooflineCost): the linear curve over rows, the
+    attention model's parameters, and the attention one more draft row adds."""
+
+    def linear_curve(self, size: int) -> np.ndarray: ...
+
+    def attention_params(self) -> tuple: ...
+
+    def attention_steps(self, draft_lens: np.ndarray, context_lens: np.ndarray) -> np.ndarray: ...
+
+
+@runtime_checkable
+class ProfiledStepCost(StepCost, Protocol):
+    """A measured profile (MeasuredCost): it knows the verification time of `batch` requests and `rows` tokens
+    in all directly, which replaces linear_time plus the requests' attention_time; with `has_contexts` (a
+    profile at several context lengths) `context_terms` prices each request at its own context."""
+
+    has_contexts: bool
+
+    def batch_time(self, batch: int, rows: float, context: float | None = None) -> float: ...
+
+    def batch_times(self, batch: int, rows: np.ndarray, context: float | None = None) -> np.ndarray: ...
+
+    def batch_curve(self, batch: int, size: int, context: float | None = None) -> np.ndarray: ...
+
+    def context_terms(self, batch: int, size: int, context_lens: Sequence[int] | np.ndarray) -> tuple: ...
+
+
+def prices_each_context(cost: StepCost) -> bool:
+    """A measured profile at several context lengths: each request priced at its own (ProfiledStepCost)."""
+    return isinstance(cost, ProfiledStepCost) and cost.has_contexts
 
 
 def allocate(
@@ -182,16 +213,14 @@ def curve_source(cost: StepCost) -> Callable[[int, int, np.ndarray], tuple] | No
     in numpy (no build, or a cost model without curves)."""
     if _walk is None:
         return None
-    if hasattr(cost, "batch_time"):
-        if not hasattr(cost, "batch_curve"):
-            return None
-        if getattr(cost, "has_contexts", False):  # a profile at several contexts: each request at its own
+    if isinstance(cost, ProfiledStepCost):
+        if cost.has_contexts:  # a profile at several contexts: each request at its own
             def per_request(n: int, size: int, context: np.ndarray) -> tuple:
                 curve, base, delta, alpha = cost.context_terms(n, size, context)
                 return curve, ("per_request", base, delta, alpha)
             return per_request
         return lambda n, size, context: (cost.batch_curve(n, size), None)
-    if hasattr(cost, "linear_curve") and hasattr(cost, "attention_params"):
+    if isinstance(cost, CurvedStepCost):
         return lambda n, size, context: (cost.linear_curve(size), (*cost.attention_params(), context))
     return None
 
@@ -207,20 +236,18 @@ def _verify_times(cost: StepCost, n: int, rows_of: np.ndarray, pos_of: np.ndarra
     rows = n + np.arange(len(rows_of) + 1)
     # A measured profile knows the step time of n requests verifying `rows` tokens directly (its grid has
     # a batch axis); a model costs the tokens and each request's attention apart.
-    if hasattr(cost, "batch_time"):
-        if getattr(cost, "has_contexts", False):
+    if isinstance(cost, ProfiledStepCost):
+        if cost.has_contexts:
             return _per_request_times(cost, n, rows_of, context_lens)
-        if hasattr(cost, "batch_times"):
-            return cost.batch_times(n, rows)
-        return np.array([cost.batch_time(n, int(r)) for r in rows])
-    if hasattr(cost, "linear_times"):
+        return cost.batch_times(n, rows)
+    if isinstance(cost, VectorStepCost):
         linear = cost.linear_times(rows)
     else:
         linear = np.array([cost.linear_time(int(r)) for r in rows])
     attention = _attention_times(cost, np.zeros(n, dtype=np.int64), context_lens)
     ctx = context_lens[rows_of]
     # Admitting position j of request r moves its attention from 1 + j to 2 + j query rows.
-    if hasattr(cost, "attention_steps"):
+    if isinstance(cost, CurvedStepCost):
         delta = cost.attention_steps(pos_of, ctx)
     else:
         delta = _attention_times(cost, pos_of + 1, ctx) - _attention_times(cost, pos_of, ctx)
@@ -242,7 +269,7 @@ def _per_request_times(cost: StepCost, n: int, rows_of: np.ndarray, context_lens
 
 
 def _attention_times(cost: StepCost, draft_lens: np.ndarray, context_lens: np.ndarray) -> np.ndarray:
-    if hasattr(cost, "attention_times"):
+    if isinstance(cost, VectorStepCost):
         return cost.attention_times(draft_lens, context_lens)
     return np.array([cost.attention_time(int(d), int(c)) for d, c in zip(draft_lens, context_lens)], dtype=np.float64)
 
