@@ -61,7 +61,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Hashable, Iterable, Sequence
+from typing import Any, Callable, Hashable, Iterable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -299,8 +299,18 @@ def update_ns(proposer: Any, rows: Sequence[Row], walks: Sequence[Walk],
     return total_ns, total_tokens
 
 
+@runtime_checkable
+class UpdatesInPlace(Protocol):
+    """A proposer with the low-level per-request API the replay also times (the suffix tree's): `start` a request
+    with its prompt, then `append` what it generates."""
+
+    def start(self, req_id: Hashable, prompt_ids: Sequence[int]) -> None: ...
+
+    def append(self, req_id: Hashable, token_ids: Sequence[int]) -> None: ...
+
+
 def has_update_path(proposer: Any) -> bool:
-    return callable(getattr(proposer, "start", None)) and callable(getattr(proposer, "append", None))
+    return isinstance(proposer, UpdatesInPlace)
 
 
 # ---- statistics ---------------------------------------------------------------------------------

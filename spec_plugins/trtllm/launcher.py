@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from spec_plugins.core import BindsModel
 from spec_plugins.trtllm.config_files import check_config_file
 from spec_plugins.trtllm.settings import Settings, load_launch_config
 from spec_plugins.trtllm.versions import SPEC, TRTLLM_VERSIONS, trtllm_rule_set
@@ -89,7 +90,7 @@ def user_provided_config(spec: dict, section: Settings, model: str | None = None
         max_concurrency=spec.get("max_concurrency"),
     )
     config_json = Path(model) / "config.json" if model else None
-    if config_json is not None and config_json.is_file() and hasattr(drafter, "bind_model"):
+    if config_json is not None and config_json.is_file() and isinstance(drafter, BindsModel):
         drafter.bind_model(json.loads(config_json.read_text()))
     # Every other base field (acceptance gate, ...) passes through; decoding_type is the class itself.
     fields = {key: value for key, value in spec.items() if key != "decoding_type" and value is not None}
