@@ -11,6 +11,10 @@ turns rows into DraftRequests, lets the policy cap them (never above num_specula
 scheduler does not clamp), calls the proposer, lets the policy trim the drafts (`policy: adaptive`
 keeps the goodput-optimal prefix of each) and returns plain lists.
 
+From the engine's config it reads `speculative_config` (K, the per-batch-size schedule),
+`model_config.max_model_len`, `additional_config.spec_plugins` and `device_config.device_type` (an engine on
+an accelerator turns on the proposers' "auto" work between steps, e.g. the suffix tree's `append_ahead`).
+
 Batch-size schedules: vLLM computes `num_speculative_tokens_per_batch_size` for every method but hands
 it only to its own proposers, so a custom_class proposer applies it here: with B requests in the batch
 no draft is longer than the schedule's K for B (same ranges and carry-forward as vLLM's lookup).
