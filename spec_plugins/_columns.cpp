@@ -156,8 +156,8 @@ void record_seen(const std::int64_t* sl, py::ssize_t n, const bool* is_new, long
 // A step's requests at `slots` were seen at `step` with contexts of `lens`: returns the tokens new since
 // each was last seen (num_new where the engine knows it, else the context's growth; the whole context
 // for a request seen the first time or whose context shrank), and records lens as seen.
-i64 ledger_seen(i64 slots, spec_plugins::CArray<bool, py::array::c_style> fresh, long long step, i64 lens, py::object num_new_obj,
-                i64 last_step, i64 seen_len) {
+i64 ledger_seen(i64 slots, spec_plugins::CArray<bool, py::array::c_style> fresh, long long step, i64 lens,
+                py::object num_new_obj, i64 last_step, i64 seen_len) {
   const py::ssize_t n = slots.size(), capacity = last_step.size();
   if (fresh.size() != n || lens.size() != n || seen_len.size() != capacity)
     throw py::value_error("ledger: columns of different lengths");

@@ -71,12 +71,8 @@ struct type_caster<spec_plugins::CArray<T, Flags>, enable_if_t<is_pyobject<spec_
   PYBIND11_TYPE_CASTER(Value, handle_type_name<typename Value::Base>::name);
 
   bool load(handle src, bool convert) {
-    if (spec_plugins::usable_as_is<T, Flags>(src)) {
-      value = Value(reinterpret_borrow<typename Value::Base>(src));
-      return true;
-    }
     if (!convert && !Value::Base::check_(src)) return false;
-    value = Value(Value::Base::ensure(src));
+    value = Value(spec_plugins::as_array<T, Flags>(src));
     return static_cast<bool>(value);
   }
   static handle cast(const Value& src, return_value_policy, handle) { return src.inc_ref(); }

@@ -382,6 +382,7 @@ class PyCache {
     ahead_min_prob_ = min_prob;
     ahead_min_tokens_ = size_t(min_tokens);
   }
+  bool ahead() const { return ahead_; }
   size_t ahead_tokens(const std::vector<Draft>& drafts) const {
     size_t total = 0;
     for (const Draft& d : drafts) total += d.leading_at_least(ahead_min_prob_);
@@ -541,6 +542,7 @@ PYBIND11_MODULE(_core, m) {
            "Append each batched step's leading draft tokens (path probability >= min_prob) to the trees on a "
            "thread of their own until the next call, when the step has at least min_tokens of them; the next "
            "step keeps those its new tokens agree with.")
+      .def_property_readonly("appends_ahead", &PyCache::ahead, "Whether batched steps append drafts ahead.")
       .def("wait_ahead", &PyCache::quiet, "Wait for the last step's tentative appends.")
       .def("pending", &PyCache::pending, py::arg("key"), "Tentative tokens of the request not settled yet.")
       .def("_canonical", &PyCache::canonical, py::arg("key"), "The request's tree, independent of node ids (tests).")

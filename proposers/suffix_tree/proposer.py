@@ -23,9 +23,10 @@ histories. With `append_ahead` each batched step ends by handing the drafts' lea
 `ahead_min_prob`) to a thread of its own, which appends them to the trees tentatively (journaled) while the
 engine verifies; the next step keeps those that agree with the engine's new tokens and takes the rest back, so
 the step appends only what was not guessed (a step with fewer than 8 such tokens in all hands none over: waking
-the thread would cost more). Drafts are the same with it or without. A priced step (`DraftBatch.token_price`, set by the adaptive policy's `price_drafts`) ends each draft
-before its first token whose path probability is below the price: the same candidates, a prefix of the
-unpriced draft. Only the batched path is priced (`DraftRequest` carries no price).
+the thread would cost more). Drafts are the same with it or without. A priced step (`DraftBatch.token_price`,
+set by the adaptive policy's `price_drafts`) ends each draft before its first token whose path probability is
+below the price: the same candidates, a prefix of the unpriced draft. Only the batched path is priced
+(`DraftRequest` carries no price).
 """
 
 from __future__ import annotations
@@ -141,7 +142,6 @@ class SuffixTreeProposer:
             self._core.set_ahead(o.append_ahead is True, o.ahead_min_prob)
         except ValueError as exc:
             raise ValueError(f"SuffixTreeProposer option {exc}") from None
-        self.appends_ahead = o.append_ahead is True
         self._keys: dict[Hashable, int] = {}
         self._next_key = 0
 
@@ -185,7 +185,11 @@ class SuffixTreeProposer:
         o = self.options
         if o.append_ahead == "auto" and not o.cache_in_flight:
             self._core.set_ahead(on_accelerator, o.ahead_min_prob)
-            self.appends_ahead = on_accelerator
+
+    @property
+    def appends_ahead(self) -> bool:
+        """Whether batched steps append their drafts ahead now (`append_ahead`, "auto" resolved)."""
+        return self._core.appends_ahead
 
     def wait_ahead(self) -> None:
         """Returns once the last batched step's tentative appends (`append_ahead`) are done: what an engine's

@@ -51,11 +51,11 @@ class HostTime:
     """Measured seconds per drafting step for one proposer under the `fixed` and `adaptive` policies."""
 
     def __init__(self, rows: list[dict], proposer: str, source: str = "measurement",
-                 growth_rows: Sequence[dict] = ()) -> None:
+                 growth_rows: Sequence[dict] = (), growth_sources: Sequence[str] = ()) -> None:
         self.proposer, self.source = proposer, source
-        self.growth_sources: list[str] = []  # the measurements growth_rows came from (`load`)
+        self.growth_sources = list(growth_sources)  # the measurements growth_rows came from
         self._curves: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        # policy -> (log2 batches, per batch: (tokens, seconds) of the curve at that batch)
+        # policy -> (log2 batches, per batch: (tokens, time / the base time) of the curve at that batch)
         self._growth: dict[str, tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]] = {}
         if proposer in ENGINE_ROWS:
             names = {"fixed": ENGINE_ROWS[proposer]}
@@ -76,16 +76,16 @@ class HostTime:
                 batches = sorted(by_batch)
                 curves = []
                 for b in batches:
-                    pts = sorted(by_batch[b] + [(BASE_TOKENS, self._base(policy, b))])
-                    curves.append((np.array([t for t, _ in pts]), np.array([s for _, s in pts])))
+                    base = self._base(policy, b)
+                    pts = sorted(by_batch[b] + [(BASE_TOKENS, base)])
+                    curves.append((np.array([t for t, _ in pts]), np.array([s / base for _, s in pts])))
                 self._growth[policy] = (np.log2(np.array(batches, dtype=float)), curves)
 
     @classmethod
     def load(cls, path: str | Path, proposer: str, growth: Sequence[str | Path] = ()) -> "HostTime":
         """`path`: the base measurement; `growth`: measurements with tokens per request (none: the base alone)."""
-        host = cls(_read(path), proposer, source=str(path), growth_rows=[r for g in growth for r in _read(g)])
-        host.growth_sources = [str(g) for g in growth]
-        return host
+        return cls(_read(path), proposer, source=str(path), growth_rows=[r for g in growth for r in _read(g)],
+                   growth_sources=[str(g) for g in growth])
 
     def seconds(self, policy: Literal["fixed", "adaptive"], batch: int, tokens: float | None = None) -> float:
         """Host seconds of one step of `batch` requests; tokens: what each appends on average this step (None:
@@ -94,7 +94,7 @@ class HostTime:
         if tokens is None or policy not in self._growth:
             return base
         log_batches, curves = self._growth[policy]
-        ratios = [_along(t, s, tokens) / _along(t, s, BASE_TOKENS) for t, s in curves]
+        ratios = [_along(t, r, tokens) for t, r in curves]
         return base * float(np.interp(np.log2(max(batch, 1)), log_batches, ratios))
 
     def _base(self, policy: str, batch: int) -> float:
@@ -106,10 +106,10 @@ class HostTime:
         return float(np.interp(batch, batches, secs))
 
 
-def _along(tokens: np.ndarray, secs: np.ndarray, t: float) -> float:
-    """The piecewise-linear curve through (tokens, secs) at t: flat below the first point, the last segment
-    extended above the last."""
+def _along(tokens: np.ndarray, values: np.ndarray, t: float) -> float:
+    """The piecewise-linear curve through (tokens, values) at t: flat below the first point, the last segment
+    extended above the last (never below a tiny positive value)."""
     if len(tokens) > 1 and t > tokens[-1]:
-        slope = (secs[-1] - secs[-2]) / max(tokens[-1] - tokens[-2], 1e-9)
-        return float(max(secs[-1] + slope * (t - tokens[-1]), 1e-12))
-    return float(np.interp(t, tokens, secs))
+        slope = (values[-1] - values[-2]) / max(tokens[-1] - tokens[-2], 1e-9)
+        return float(max(values[-1] + slope * (t - tokens[-1]), 1e-9))
+    return float(np.interp(t, tokens, values))
