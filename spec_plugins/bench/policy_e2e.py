@@ -27,7 +27,6 @@ equal the no-speculation run's.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import statistics
 import sys
@@ -126,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         proposer_class(args.proposer)
         for options in policy_options:
             create_policy("adaptive", options)
-        from spec_plugins.bench.prompts import demo_prompts, workload_prompts
+        from spec_plugins.bench.prompts import demo_prompts, interleaved, workload_prompts
 
         # Several workloads are interleaved, so every concurrency level sees a mix of them.
         sets = [workload_prompts(w, None) for w in args.workload or []]
@@ -134,8 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             from spec_plugins.bench.prompts import spec_bench
 
             sets.append(spec_bench(args.spec_bench))
-        prompts = [p for group in itertools.zip_longest(*sets) for p in group if p is not None]
-        prompts = prompts or demo_prompts(None)
+        prompts = interleaved(sets) or demo_prompts(None)
         per_round = [args.sequential if c == 1 else c for c in conc]
         need = (args.repeats if args.keep_engines else 1) * sum(per_round)
         if len(prompts) < need:

@@ -59,8 +59,7 @@ def code_rewrites() -> list[str]:
 
 def demo_prompts(spec_bench_path: str | Path | None = None) -> list[str]:
     """Spec-Bench questions and code rewrites, interleaved (so any slice mixes both)."""
-    chat, code = spec_bench(spec_bench_path), code_rewrites()
-    return [p for pair in itertools.zip_longest(chat, code) for p in pair if p is not None]
+    return interleaved([spec_bench(spec_bench_path), code_rewrites()])
 
 
 def prompt_rounds(prompts: list, rounds: int) -> list[list]:
@@ -70,6 +69,12 @@ def prompt_rounds(prompts: list, rounds: int) -> list[list]:
         raise ValueError(f"--repeats: {rounds} rounds of distinct prompts need at least {rounds} prompts, "
                          f"got {len(prompts)}")
     return [prompts[r * per:(r + 1) * per] for r in range(rounds)]
+
+
+def interleaved(sets: list[list]) -> list:
+    """One item of each set in turn (a, b, c, a, b, c, ...), the shorter sets dropping out as they run out: any slice
+    of the result mixes every set."""
+    return [p for group in itertools.zip_longest(*sets) for p in group if p is not None]
 
 
 def workload_prompts(path: str | Path, limit: int | None = None) -> list[str]:

@@ -244,6 +244,14 @@ i64 walk(f64 survival, i64 lengths_in, double sunk, bool greedy, double min_gain
   return out;
 }
 
+// The calibrator's stacked tables [tables * 5, bins] (ConfidenceCalibrator): their bins.
+py::ssize_t calibrator_bins(const f64& trials, const f64& successes) {
+  if (trials.ndim() != 2 || trials.shape(0) < 5 || trials.shape(0) % 5 != 0 || successes.ndim() != 2 ||
+      successes.shape(0) != trials.shape(0) || successes.shape(1) != trials.shape(1))
+    throw py::value_error("survival: calibrator tables must be [tables * 5, bins]");
+  return trials.shape(1);
+}
+
 // One draft's prefix survival from its raw confidences x[0..len): calibrated per cell, scaled by the
 // request's correction (when corrected) and clipped, multiplied along the draft. Writes surv[0..len) and,
 // when given, the raw values to raw[0..len).
@@ -263,15 +271,15 @@ void survival_row(const double* x, std::int64_t len, const double* trials, const
 
 // The walk's input from drafts with confidences (AdaptiveLength._survival): each request's first
 // usable[r] confidences as a dense [n, width] matrix, calibrated (histogram cells by position bucket and
-// bin), scaled by the request's correction and clipped, then multiplied along the draft. Returns
-// (survival, raw confidences), both zero past each request's usable length.
+// bin, in table tables[r] of the stacked calibrator, or table 0 without tables), scaled by the request's
+// correction and clipped, then multiplied along the draft. Returns (survival, raw confidences), both zero
+// past each request's usable length.
 py::tuple calibrated_survival(f64 flat, i64 offsets, i64 usable, py::ssize_t width, f64 cal_trials,
-                              f64 cal_successes, double prior_weight, py::object correction_obj) {
+                              f64 cal_successes, double prior_weight, py::object correction_obj, py::object tables_obj) {
   const py::ssize_t n = usable.size();
   if (offsets.size() != n + 1) throw py::value_error("survival: one offset per draft, plus one");
-  if (cal_trials.ndim() != 2 || cal_trials.shape(0) != 5 || cal_successes.size() != cal_trials.size())
-    throw py::value_error("survival: calibrator tables must be [5, bins]");
-  const py::ssize_t bins = cal_trials.shape(1);
+  const py::ssize_t bins = calibrator_bins(cal_trials, cal_successes);
+  const std::int64_t tables = cal_trials.shape(0) / 5;
   const double* ct = cal_trials.data();
   const double* cs = cal_successes.data();
   const double* x = flat.data();
@@ -283,6 +291,14 @@ py::tuple calibrated_survival(f64 flat, i64 offsets, i64 usable, py::ssize_t wid
     correction = correction_obj.cast<f64>();
     if (correction.size() != n) throw py::value_error("survival: one correction per draft");
   }
+  i64 table;
+  const bool by_table = !tables_obj.is_none();
+  if (by_table) {
+    table = tables_obj.cast<i64>();
+    if (table.size() != n) throw py::value_error("survival: one calibrator table per draft");
+    for (py::ssize_t r = 0; r < n; ++r)
+      if (table.data()[r] < 0 || table.data()[r] >= tables) throw py::value_error("survival: calibrator table out of range");
+  }
   f64 surv({n, width}), conf({n, width});
   double* sv = surv.mutable_data();
   double* cf = conf.mutable_data();
@@ -290,8 +306,9 @@ py::tuple calibrated_survival(f64 flat, i64 offsets, i64 usable, py::ssize_t wid
   std::fill(cf, cf + n * width, 0.0);
   for (py::ssize_t r = 0; r < n; ++r) {
     if (u[r] < 0 || u[r] > width || o[r] + u[r] > flat.size()) throw py::value_error("survival: a draft outside its confidences");
-    survival_row(x + o[r], u[r], ct, cs, bins, prior_weight, corrected, corrected ? correction.data()[r] : 1.0,
-                 sv + r * width, cf + r * width);
+    const py::ssize_t at = by_table ? table.data()[r] * 5 * bins : 0;
+    survival_row(x + o[r], u[r], ct + at, cs + at, bins, prior_weight, corrected,
+                 corrected ? correction.data()[r] : 1.0, sv + r * width, cf + r * width);
   }
   return py::make_tuple(surv, conf);
 }
@@ -301,8 +318,9 @@ using f64_out = spec_plugins::CArray<double, py::array::c_style>;
 using i64_out = spec_plugins::CArray<std::int64_t, py::array::c_style>;
 
 // One AdaptiveLength.trim_batch (adaptive.py) in one call, for a cost model that exposes its curves:
-//   survival  from the drafts' confidences (conf: flat, per token; calibrated by the histogram tables,
-//             scaled by each request's fit (ok + k) / (predicted + k) when k > 0) or, with conf None,
+//   survival  from the drafts' confidences (conf: flat, per token; calibrated by the histogram tables, in
+//             the table of the request's last outcome where the outcome column is given, scaled by each
+//             request's fit (ok + k) / (predicted + k) when k > 0) or, with conf None,
 //             from the history (pooled trials, successes, prior and prior weight; per-request trials and
 //             successes [S, P]; the request prior weight), as HistoryEstimator.conditional_slots;
 //   the walk  (walk_into) over the cost curve and attention;
@@ -313,7 +331,7 @@ using i64_out = spec_plugins::CArray<std::int64_t, py::array::c_style>;
 py::tuple trim_step(py::object conf_obj, i64 offsets, i64 drafted, py::object history_obj, i64 slots, f64 cal_trials,
                     f64 cal_successes, double prior_weight, f64 fit_ok, f64 fit_predicted, double correction_k,
                     f64_out kept, i64_out kept_len, double sunk, bool greedy, double min_gain, py::object rate_obj,
-                    long long budget, f64 curve, py::object attention_obj) {
+                    long long budget, f64 curve, py::object attention_obj, py::object outcome_obj) {
   const py::ssize_t n = drafted.size();
   if (offsets.size() != n + 1 || slots.size() != n) throw py::value_error("trim: one offset (plus one) and slot per draft");
   if (kept.ndim() != 2 || kept_len.size() != kept.shape(0) || fit_ok.size() != kept.shape(0) ||
@@ -339,18 +357,27 @@ py::tuple trim_step(py::object conf_obj, i64 offsets, i64 drafted, py::object hi
   if (with_conf) {
     conf_flat = conf_obj.cast<f64>();
     if (conf_flat.size() != o[n]) throw py::value_error("trim: one confidence per drafted token");
-    if (cal_trials.ndim() != 2 || cal_trials.shape(0) != 5 || cal_successes.size() != cal_trials.size())
-      throw py::value_error("survival: calibrator tables must be [5, bins]");
-    const py::ssize_t bins = cal_trials.shape(1);
+    const py::ssize_t bins = calibrator_bins(cal_trials, cal_successes);
     const double* ct = cal_trials.data();
     const double* cs = cal_successes.data();
     const double* x = conf_flat.data();
     const double* fo = fit_ok.data();
     const double* fp = fit_predicted.data();
+    // With the requests' outcome column (`calibrate_by_outcome`), each draft reads its request's table.
+    i64 outcome;
+    const bool by_outcome = !outcome_obj.is_none();
+    if (by_outcome) {
+      outcome = outcome_obj.cast<i64>();
+      if (outcome.size() != capacity) throw py::value_error("trim: per-request columns of different sizes, or read-only");
+      for (py::ssize_t r = 0; r < n; ++r)
+        if (outcome.data()[sl[r]] < 0 || outcome.data()[sl[r]] >= cal_trials.shape(0) / 5)
+          throw py::value_error("survival: calibrator table out of range");
+    }
     raw.assign(n * width, 0.0);
     for (py::ssize_t r = 0; r < n; ++r) {
       const double correction = correction_k > 0 ? (fo[sl[r]] + correction_k) / (fp[sl[r]] + correction_k) : 1.0;
-      survival_row(x + o[r], usable[r], ct, cs, bins, prior_weight, correction_k > 0, correction,
+      const py::ssize_t at = by_outcome ? outcome.data()[sl[r]] * 5 * bins : 0;
+      survival_row(x + o[r], usable[r], ct + at, cs + at, bins, prior_weight, correction_k > 0, correction,
                    surv.data() + r * width, raw.data() + r * width);
     }
   } else {
@@ -426,7 +453,7 @@ PYBIND11_MODULE(_walk, m) {
   m.doc() = "The adaptive allocator's ranking walk for one step, its survival input, and the whole trim (see allocator.py, adaptive.py).";
   m.def("calibrated_survival", &calibrated_survival, py::arg("flat"), py::arg("offsets"), py::arg("usable"),
         py::arg("width"), py::arg("cal_trials"), py::arg("cal_successes"), py::arg("prior_weight"),
-        py::arg("correction"));
+        py::arg("correction"), py::arg("tables") = py::none());
   m.def("trim_step", &trim_step);
   m.def("ranking", [](std::vector<double> gain) { return descending_stable(gain); },
         "The order the walk reads candidates in: numpy's argsort(-gain, kind='stable') for gains > 0.");

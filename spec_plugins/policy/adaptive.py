@@ -9,7 +9,8 @@ that maximises Theta = expected tokens / modelled step time over the whole batch
 from survival estimates (`acceptance.py`):
 
 * drafts with per-token confidences (suffix tree, DSpark): the confidences, calibrated online against
-  what verification accepted;
+  what verification accepted, in one table per outcome of the request's last verified draft
+  (`calibrate_by_outcome`: none yet, all accepted, some, none);
 * drafts without: each request's own acceptance history per position, shrunk to the pooled history.
 
 A request whose draft is empty costs nothing extra. With `step_overhead: measured`, where the engine
@@ -40,7 +41,7 @@ import numpy as np
 import pydantic
 
 from spec_plugins.core import BatchDrafts, Draft, DraftBatch, DraftRequest
-from spec_plugins.policy.acceptance import ConfidenceCalibrator, HistoryEstimator, _observe
+from spec_plugins.policy.acceptance import OUTCOMES, ConfidenceCalibrator, HistoryEstimator, _observe, draft_outcome
 from spec_plugins.policy.allocator import StepCost, _walk, allocate_batch, curve_source, prices_each_context
 from spec_plugins.policy.cost import step_cost
 from spec_plugins.slots import RequestSlots
@@ -71,6 +72,9 @@ class AdaptiveLength:
         objective: Literal["long_run", "per_step"] = "long_run"
         rate_decay: float = pydantic.Field(default=0.98, gt=0.0, lt=1.0)
         request_correction: float = pydantic.Field(default=8.0, ge=0.0)  # pseudo-trials; 0 = off
+        # Calibrate confidences in one table per outcome of the request's last verified draft (none yet, all
+        # accepted, some, none): at equal confidence a draft right after a rejected one is accepted less.
+        calibrate_by_outcome: bool = True
         max_draft_tokens_per_step: int | None = pydantic.Field(default=None, ge=0)  # over the whole batch
         # "measured": every step also pays the time the engine's measured steps show beyond the cost model
         # (where the engine reports step intervals; StepTimeFit). "model": the cost model alone. Off by
@@ -110,12 +114,12 @@ class AdaptiveLength:
         p = opts.max_positions
         # Per request, one slot for all of its state: the raw confidences kept of its last draft (kept_len
         # -1: none), to learn from when its verification comes back, its decayed (accepted, predicted)
-        # fit, and its acceptance history.
+        # fit, how its last verified draft fared (outcome: its calibrator table), and its acceptance history.
         self.requests = RequestSlots(kept=((p,), np.float64, 0.0), kept_len=((), np.int64, -1),
                                      fit_ok=((), np.float64, 0.0), fit_predicted=((), np.float64, 0.0),
-                                     **HistoryEstimator.columns(p))
+                                     outcome=((), np.int64, 0), **HistoryEstimator.columns(p))
         self.history = HistoryEstimator(p, decay=opts.history_decay, slots=self.requests)
-        self.calibrator = ConfidenceCalibrator()
+        self.calibrator = ConfidenceCalibrator(tables=OUTCOMES if opts.calibrate_by_outcome else 1)
         self._tau = self._time = 0.0  # decayed sums of expected tokens and modelled seconds per step
         # The engine's measured steps against the modelled ones; _modelled is the last trimmed step's modelled
         # time (None: no step to compare the next interval with).
@@ -272,7 +276,7 @@ class AdaptiveLength:
             o.request_correction, cols["kept"], cols["kept_len"],
             self.cost.overhead_s + extra + self.cost.draft_time(drafts.lengths), search == "greedy", o.min_gain,
             self._rate(), -1 if o.max_draft_tokens_per_step is None else o.max_draft_tokens_per_step,
-            curve, attention)
+            curve, attention, cols["outcome"] if o.calibrate_by_outcome else None)
 
     def _trim_numpy(self, req_ids: Sequence[Hashable], slots: np.ndarray, drafts: BatchDrafts, search: str,
                     context: np.ndarray, extra: float) -> tuple[np.ndarray, float]:
@@ -306,15 +310,21 @@ class AdaptiveLength:
                 cal = self.calibrator
                 correction = self._correction(slots) if self.options.request_correction > 0 else None
                 surv, conf = _walk.calibrated_survival(drafts.confidence, drafts.offsets, usable, width, cal.trials,
-                                                       cal.successes, cal.prior_weight, correction)
+                                                       cal.successes, cal.prior_weight, correction, self._tables(slots))
                 return surv, usable, conf
             conf = _dense(drafts.confidence, drafts.offsets, usable, width)
-            cond = self.calibrator.calibrate_dense(conf)
+            cond = self.calibrator.calibrate_dense(conf, self._tables(slots))
             if self.options.request_correction > 0:
                 cond = np.clip(cond * self._correction(slots)[:, None], 0.0, 1.0)
         else:
             cond = self.history.conditional_batch(req_ids)[:, :width]
         return np.cumprod(np.clip(cond, 0.0, 1.0), axis=1), usable, conf
+
+    def _tables(self, slots: np.ndarray) -> np.ndarray | None:
+        """Each request's calibrator table (its last outcome; unknown slots: 0), or None with one table."""
+        if not self.options.calibrate_by_outcome:
+            return None
+        return self.requests.gather("outcome", slots, 0)
 
     def _correction(self, slots: np.ndarray) -> np.ndarray:
         # How each request's drafts fared against the calibrated prediction (requests differ: one copies
@@ -333,7 +343,8 @@ class AdaptiveLength:
             _observe.observe_step(slots, drafted, accepted, hist.pooled_trials, hist.pooled_successes,
                                   cols["trials"], cols["successes"], hist.decay, hist.pooled_decay, cols["kept"],
                                   cols["kept_len"], cal.trials, cal.successes, cal.prior_weight, cal.decay,
-                                  cols["fit_ok"], cols["fit_predicted"], self.options.history_decay)
+                                  cols["fit_ok"], cols["fit_predicted"], self.options.history_decay,
+                                  cols["outcome"] if self.options.calibrate_by_outcome else None)
             return
         self.history.observe_batch(req_ids, drafted, accepted)
         slots, _ = self.requests.lookup(req_ids, create=False)
@@ -341,6 +352,10 @@ class AdaptiveLength:
         kept_len = self.requests.gather("kept_len", slots, -1)
         due = known & (kept_len == drafted) & (drafted > 0)
         self.requests["kept_len"][slots[known]] = -1  # each kept draft is learnt from once
+        tables = self._tables(slots[due])  # the outcome before this observation: the table it was trimmed with
+        verified = known & (drafted > 0)
+        if self.options.calibrate_by_outcome and verified.any():
+            self.requests["outcome"][slots[verified]] = draft_outcome(drafted[verified], accepted[verified])
         if not due.any():
             return
         idx = slots[due]
@@ -349,11 +364,11 @@ class AdaptiveLength:
         h = self.options.history_decay
         # Predicted accepted tokens of each verified draft: calibrated confidences of the positions tried.
         tried = np.minimum(a_due + 1, d_due)
-        calibrated = self.calibrator.calibrate_dense(conf)
+        calibrated = self.calibrator.calibrate_dense(conf, tables)
         predicted = np.sum(np.where(np.arange(conf.shape[1])[None, :] < tried[:, None], calibrated, 0.0), axis=1)
         self.requests["fit_ok"][idx] = h * self.requests["fit_ok"][idx] + a_due
         self.requests["fit_predicted"][idx] = h * self.requests["fit_predicted"][idx] + predicted
-        self.calibrator.observe_dense(conf, d_due, a_due)
+        self.calibrator.observe_dense(conf, d_due, a_due, tables)
 
     # ---- per request (DraftLengthPolicy) ------------------------------------------------------------
 
