@@ -260,6 +260,8 @@ class ReferenceAdaptive:
         for req, d, n in zip(requests, drafts, lengths):
             conf = self._usable(d)
             self._kept_confidence[req.req_id] = None if conf is None else conf[:n]
+            if conf is not None and n == 0:  # nothing verified this step: no last outcome at the next
+                self._outcome.pop(req.req_id, None)
         return lengths
 
     def _rate(self) -> float | None:

@@ -287,7 +287,7 @@ def test_one_call_trim_and_observe_equal_the_compiled_pieces(name, cost, monkeyp
     rng = np.random.default_rng(17)
     options = [{}, {"search": "greedy"}, {"min_gain": 0.01, "max_draft_tokens_per_step": 40},
                {"objective": "per_step", "request_correction": 0.0}, {"confidence": "off"},
-               {"calibrate_by_outcome": False}]
+               {"calibrate_by_outcome": True}]
     for opts in options:
         fast, slow = AdaptiveLength(cost=cost, **opts), AdaptiveLength(cost=cost, **opts)
         live = [f"r{i}" for i in range(12)]

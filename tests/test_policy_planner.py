@@ -235,13 +235,21 @@ def test_policy_e2e_configurations_and_bad_input(capsys):
                                     [], [])
     assert list(two) == ["none", "suffix_tree+adaptive K<=16", "suffix_tree+adaptive K<=16 step_overhead=model"]
     assert two["suffix_tree+adaptive K<=16 step_overhead=model"][1]["spec_plugins"]["policy_options"]["step_overhead"] == "model"
+    # An option the later set leaves out is named too (its engine would otherwise replace the first one's).
+    back = policy_e2e.configurations("suffix_tree", [], 16, [{"profile": "p", "calibrate_by_outcome": False},
+                                                             {"profile": "p"}], [], [])
+    assert list(back) == ["none", "suffix_tree+adaptive K<=16", "suffix_tree+adaptive K<=16 calibrate_by_outcome=default"]
+    with pytest.raises(ValueError, match="two sets of options make the same engine"):
+        policy_e2e.configurations("suffix_tree", [], 16, [{"profile": "p"}, {"profile": "p"}], [], [])
     # Bad input fails before any engine starts, in one line.
+    P = '{"profile": "vllm-cpu-smollm2-135m"}'
     for argv, msg in ((["--concurrency", "0"], "--concurrency"), (["--static-k", "0"], "--static-k"),
                       (["--static-k", ""], "none is allowed only beside --native"),
                       (["--proposer", "sufix"], "unknown name 'sufix'"),
                       (["--native", "eagle"], "--native: expected ngram and/or suffix"),
                       (["--native", "suffix", "--native-k", "0"], "--native-k"),
-                      (["--policy-options", '{"profile": "nope"}'], "no file or shipped profile 'nope'")):
+                      (["--policy-options", '{"profile": "nope"}'], "no file or shipped profile 'nope'"),
+                      (["--policy-options", P, "--policy-options", P], "make the same engine")):
         assert policy_e2e.main(argv) == 2
         assert msg in capsys.readouterr().err
 

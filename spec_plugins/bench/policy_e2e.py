@@ -50,8 +50,12 @@ def configurations(proposer: str, static_k: list[int], adaptive_k: int, policy_o
     variants = [policy_options] if isinstance(policy_options, dict) else policy_options
     for options in variants:
         changed = {k: v for k, v in options.items() if variants[0].get(k, object()) != v}
-        suffix = "".join(f" {k}={v}" for k, v in changed.items())
-        out[f"{proposer}+adaptive K<={adaptive_k}{suffix}"] = (
+        dropped = [k for k in variants[0] if k not in options]  # left at the policy's default
+        suffix = "".join(f" {k}={v}" for k, v in changed.items()) + "".join(f" {k}=default" for k in dropped)
+        name = f"{proposer}+adaptive K<={adaptive_k}{suffix}"
+        if name in out:
+            raise ValueError(f"--policy-options: two sets of options make the same engine ({name!r})")
+        out[name] = (
             {"method": "custom_class", "model": model, "num_speculative_tokens": adaptive_k},
             {"spec_plugins": {"proposer": proposer, "policy": "adaptive", "policy_options": options}})
     for native in natives:
@@ -125,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         proposer_class(args.proposer)
         for options in policy_options:
             create_policy("adaptive", options)
+        configs = configurations(args.proposer, static_k, args.adaptive_k, policy_options, natives, native_k)
         from spec_plugins.bench.prompts import demo_prompts, interleaved, workload_prompts
 
         # Several workloads are interleaved, so every concurrency level sees a mix of them.
@@ -147,7 +152,6 @@ def main(argv: list[str] | None = None) -> int:
         from spec_plugins.models import smollm2_path
 
         model = str(smollm2_path())
-    configs = configurations(args.proposer, static_k, args.adaptive_k, policy_options, natives, native_k)
     engines: dict[str, Engine] = {}
     rounds: dict[str, dict[int, list[RunResult]]] = {name: {c: [] for c in conc} for name in configs}
 

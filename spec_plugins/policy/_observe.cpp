@@ -146,7 +146,8 @@ void calibrated_observe(f64 cal_trials, f64 cal_successes, double prior_weight, 
 // learn from the draft whose kept confidences were stored at trim (kept_len equal to what was drafted);
 // every request's stored draft is then used up (kept_len -1). With the requests' outcome column
 // (`calibrate_by_outcome`) the calibrator learns in the table of the request's outcome so far, and every draft
-// of > 0 tokens then sets it (draft_outcome). Everything is checked before anything changes.
+// of > 0 tokens then sets it (draft_outcome; trim_step sets 0 where a step keeps nothing). Everything is checked
+// before anything changes.
 void observe_step(i64 slots, i64 drafted, i64 accepted, f64 pooled_trials, f64 pooled_successes, f64 trials,
                   f64 successes, double decay, double pooled_decay, f64 kept, i64_out kept_len, f64 cal_trials,
                   f64 cal_successes, double prior_weight, double cal_decay, f64 fit_ok, f64 fit_predicted,

@@ -352,6 +352,8 @@ py::tuple trim_step(py::object conf_obj, i64 offsets, i64 drafted, py::object hi
   }
   std::vector<double> surv(n * width, 0.0);
   const bool with_conf = !conf_obj.is_none();
+  i64_out outcome;  // with `calibrate_by_outcome`: each request's last outcome, its calibrator table
+  bool by_outcome = false;
   f64 conf_flat;
   std::vector<double> raw;
   if (with_conf) {
@@ -364,10 +366,10 @@ py::tuple trim_step(py::object conf_obj, i64 offsets, i64 drafted, py::object hi
     const double* fo = fit_ok.data();
     const double* fp = fit_predicted.data();
     // With the requests' outcome column (`calibrate_by_outcome`), each draft reads its request's table.
-    i64 outcome;
-    const bool by_outcome = !outcome_obj.is_none();
+    by_outcome = !outcome_obj.is_none();
     if (by_outcome) {
-      outcome = outcome_obj.cast<i64>();
+      outcome = outcome_obj.cast<i64_out>();
+      if (!outcome.writeable()) throw py::value_error("trim: per-request columns of different sizes, or read-only");
       if (outcome.size() != capacity) throw py::value_error("trim: per-request columns of different sizes, or read-only");
       for (py::ssize_t r = 0; r < n; ++r)
         if (outcome.data()[sl[r]] < 0 || outcome.data()[sl[r]] >= cal_trials.shape(0) / 5)
@@ -440,6 +442,9 @@ py::tuple trim_step(py::object conf_obj, i64 offsets, i64 drafted, py::object hi
     if (with_conf) {
       std::copy(raw.begin() + r * width, raw.begin() + (r + 1) * width, k + sl[r] * positions);
       kl[sl[r]] = len[r];
+      // A request that verifies nothing this step has no last outcome at its next one: without this, one whose
+      // last draft was rejected and whose table then says "draft nothing" would never draft again.
+      if (by_outcome && len[r] == 0) outcome.mutable_data()[sl[r]] = 0;
     } else {
       kl[sl[r]] = -1;
     }

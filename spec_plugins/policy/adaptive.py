@@ -9,8 +9,8 @@ that maximises Theta = expected tokens / modelled step time over the whole batch
 from survival estimates (`acceptance.py`):
 
 * drafts with per-token confidences (suffix tree, DSpark): the confidences, calibrated online against
-  what verification accepted, in one table per outcome of the request's last verified draft
-  (`calibrate_by_outcome`: none yet, all accepted, some, none);
+  what verification accepted (with `calibrate_by_outcome`, in one table per outcome of the request's last
+  step: nothing verified, all accepted, some, none);
 * drafts without: each request's own acceptance history per position, shrunk to the pooled history.
 
 A request whose draft is empty costs nothing extra. With `step_overhead: measured`, where the engine
@@ -72,9 +72,10 @@ class AdaptiveLength:
         objective: Literal["long_run", "per_step"] = "long_run"
         rate_decay: float = pydantic.Field(default=0.98, gt=0.0, lt=1.0)
         request_correction: float = pydantic.Field(default=8.0, ge=0.0)  # pseudo-trials; 0 = off
-        # Calibrate confidences in one table per outcome of the request's last verified draft (none yet, all
-        # accepted, some, none): at equal confidence a draft right after a rejected one is accepted less.
-        calibrate_by_outcome: bool = True
+        # Calibrate confidences in one table per outcome of the request's last step (nothing verified, all
+        # accepted, some, none): at equal confidence a draft right after a rejected one is accepted less. Off by
+        # default until measured end to end (benchmarks/RESULTS.md).
+        calibrate_by_outcome: bool = False
         max_draft_tokens_per_step: int | None = pydantic.Field(default=None, ge=0)  # over the whole batch
         # "measured": every step also pays the time the engine's measured steps show beyond the cost model
         # (where the engine reports step intervals; StepTimeFit). "model": the cost model alone. Off by
@@ -291,6 +292,8 @@ class AdaptiveLength:
         else:
             self.requests["kept"][slots, : conf.shape[1]] = conf
             self.requests["kept_len"][slots] = lengths
+            if self.options.calibrate_by_outcome:  # nothing verified this step: no last outcome next step
+                self.requests["outcome"][slots[lengths == 0]] = 0
         return lengths, tau
 
     def survival_batch(self, req_ids: Sequence[Hashable], drafts: BatchDrafts

@@ -47,9 +47,9 @@ inline double calibrated(const double* trials, const double* successes, std::int
   return (successes[cell] + prior_weight * c) / (trials[cell] + prior_weight);
 }
 
-// AdaptiveLength `calibrate_by_outcome`: how a request's last verified draft fared picks the calibrator table
-// its next draft is read from and learnt into (acceptance.draft_outcome): 0 none yet, 1 every token accepted,
-// 2 some, 3 none. Tables are stacked [tables * 5, bins]; table t starts at cell t * 5 * bins.
+// AdaptiveLength `calibrate_by_outcome`: how a request's last step fared picks the calibrator table its next
+// draft is read from and learnt into (acceptance.draft_outcome): 0 nothing verified (new, or nothing kept), 1
+// every token accepted, 2 some, 3 none. Tables are stacked [tables * 5, bins]; table t starts at cell t * 5 * bins.
 inline std::int64_t draft_outcome(std::int64_t drafted, std::int64_t accepted) {
   return accepted == drafted ? 1 : (accepted > 0 ? 2 : 3);
 }
