@@ -388,3 +388,37 @@ def test_token_price_has_no_bound_under_a_negative_context_weight():
     assert policy.cost.context_weights(np.full(8, 6000)).min() < 0.0
     assert policy._cheapest_row(8, 64, np.full(8, 6000)) == 0.0
     assert policy._cheapest_row(8, 64, np.full(8, 3000)) > 0.0  # between the profiled contexts: bounded again
+
+
+def test_compiled_calls_refuse_bad_calibrator_tables_before_changing_anything():
+    """The compiled survival, trim and observations check the stacked calibrator's shape and every request's
+    table (policy/numeric.hpp stacked_tables, tables_in_range) and leave the state as it was on refusal."""
+    from spec_plugins.core import BatchDrafts, DraftBatch
+    from spec_plugins.policy import _observe, _walk
+
+    policy = AdaptiveLength(cost=MeasuredCost(str(H200_PROFILE)), calibrate_by_outcome=True)
+    drafts = BatchDrafts(np.zeros(6, dtype=np.int64), np.array([0, 2, 6]), np.array([0.9, 0.5, 0.9, 0.8, 0.7, 0.1]))
+    batch = DraftBatch(["a", "b"], [[1]] * 2, np.array([100, 200]), np.ones(2, dtype=np.int64), np.full(2, 4))
+    policy.observe_batch(["a", "b"], *[np.asarray(x) for x in ([2, 4], [1, 4])])  # gives both requests an outcome
+    cal = policy.calibrator
+    with pytest.raises(ValueError, match=r"survival: calibrator tables must be \[tables \* 5, bins\]"):
+        _walk.calibrated_survival(drafts.confidence, drafts.offsets, drafts.lengths, 4, cal.trials[:7],
+                                  cal.successes[:7], cal.prior_weight, None, None)
+    with pytest.raises(ValueError, match="survival: calibrator table out of range"):
+        _walk.calibrated_survival(drafts.confidence, drafts.offsets, drafts.lengths, 4, cal.trials, cal.successes,
+                                  cal.prior_weight, None, np.array([0, 4]))
+    slots, _ = policy.requests.lookup(["a", "b"])
+    policy.requests["outcome"][slots[1]] = 4  # not a table of this calibrator
+    before = {col: policy.requests[col].copy() for col in ("kept", "kept_len", "outcome", "trials")}
+    trials = cal.trials.copy()
+    with pytest.raises(ValueError, match="survival: calibrator table out of range"):
+        policy.trim_batch(batch, drafts)
+    with pytest.raises(ValueError, match="observe: calibrator table out of range"):
+        policy.observe_batch(["a", "b"], np.array([2, 4]), np.array([2, 1]))
+    with pytest.raises(ValueError, match="calibrator: table out of range"):
+        _observe.calibrated_observe(cal.trials, cal.successes, cal.prior_weight, cal.decay, np.full((2, 4), 0.5),
+                                    np.array([2, 4]), np.array([1, 0]), policy.requests["fit_ok"],
+                                    policy.requests["fit_predicted"], slots, 0.9, np.array([0, 4]))
+    for col, was in before.items():
+        np.testing.assert_array_equal(policy.requests[col], was, err_msg=col)
+    np.testing.assert_array_equal(cal.trials, trials)

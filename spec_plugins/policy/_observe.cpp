@@ -14,6 +14,8 @@
 
 namespace py = pybind11;
 using spec_plugins_policy::numpy_sum;
+using spec_plugins_policy::stacked_tables;
+using spec_plugins_policy::tables_in_range;
 
 namespace {
 
@@ -95,10 +97,9 @@ void calibrated_update(double* ct, double* cs, py::ssize_t bins, double prior_we
   for (std::int64_t j = 0; j < accepted; ++j) cs[cell[j]] += 1.0;
 }
 
-// The calibrator's stacked tables [tables * 5, bins] (ConfidenceCalibrator): their bins.
+// The calibrator's stacked tables [tables * 5, bins] (ConfidenceCalibrator, numeric.hpp stacked_tables): their bins.
 py::ssize_t calibrator_bins(const f64& trials, const f64& successes) {
-  if (trials.ndim() != 2 || trials.shape(0) < 5 || trials.shape(0) % 5 != 0 || successes.ndim() != 2 ||
-      successes.shape(0) != trials.shape(0) || successes.shape(1) != trials.shape(1))
+  if (stacked_tables(trials.ndim(), trials.shape(), successes.ndim(), successes.shape()) == 0)
     throw py::value_error("calibrator: expected [tables * 5, bins]");
   return trials.shape(1);
 }
@@ -131,9 +132,9 @@ void calibrated_observe(f64 cal_trials, f64 cal_successes, double prior_weight, 
     check_outcome(d[i], a[i]);
     if (sl[i] < 0 || sl[i] >= fit_ok.size() || fit_predicted.size() != fit_ok.size())
       throw py::value_error("calibrator: slot out of range");
-    if (by_table && (tables.data()[i] < 0 || tables.data()[i] >= cal_trials.shape(0) / 5))
-      throw py::value_error("calibrator: table out of range");
   }
+  if (by_table && !tables_in_range(tables.data(), nullptr, std::size_t(m), cal_trials.shape(0) / 5))
+    throw py::value_error("calibrator: table out of range");
   for (py::ssize_t i = 0; i < m; ++i) {
     const py::ssize_t at = by_table ? tables.data()[i] * 5 * bins : 0;
     calibrated_update(ct + at, cs + at, bins, prior_weight, cal_decay, conf + i * w, d[i], a[i], fo[sl[i]], fp[sl[i]],
@@ -185,8 +186,9 @@ void observe_step(i64 slots, i64 drafted, i64 accepted, f64 pooled_trials, f64 p
   for (py::ssize_t i = 0; i < m; ++i) {
     if (sl[i] < 0 || sl[i] >= capacity) throw py::value_error("observe: slot out of range");
     if (d[i] > 0) check_outcome(d[i], a[i]);
-    if (oc && (oc[sl[i]] < 0 || oc[sl[i]] >= tables)) throw py::value_error("observe: calibrator table out of range");
   }
+  if (oc && !tables_in_range(oc, sl, std::size_t(m), tables))
+    throw py::value_error("observe: calibrator table out of range");
   for (py::ssize_t i = 0; i < m; ++i) {
     if (d[i] <= 0) {
       kl[sl[i]] = -1;

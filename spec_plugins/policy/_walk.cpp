@@ -21,6 +21,8 @@ namespace py = pybind11;
 using spec_plugins_policy::calibrated;
 using spec_plugins_policy::calibration_cell;
 using spec_plugins_policy::clip01;
+using spec_plugins_policy::stacked_tables;
+using spec_plugins_policy::tables_in_range;
 using spec_plugins_policy::numpy_sum;
 
 namespace {
@@ -244,10 +246,9 @@ i64 walk(f64 survival, i64 lengths_in, double sunk, bool greedy, double min_gain
   return out;
 }
 
-// The calibrator's stacked tables [tables * 5, bins] (ConfidenceCalibrator): their bins.
+// The calibrator's stacked tables [tables * 5, bins] (ConfidenceCalibrator, numeric.hpp stacked_tables): their bins.
 py::ssize_t calibrator_bins(const f64& trials, const f64& successes) {
-  if (trials.ndim() != 2 || trials.shape(0) < 5 || trials.shape(0) % 5 != 0 || successes.ndim() != 2 ||
-      successes.shape(0) != trials.shape(0) || successes.shape(1) != trials.shape(1))
+  if (stacked_tables(trials.ndim(), trials.shape(), successes.ndim(), successes.shape()) == 0)
     throw py::value_error("survival: calibrator tables must be [tables * 5, bins]");
   return trials.shape(1);
 }
@@ -296,8 +297,8 @@ py::tuple calibrated_survival(f64 flat, i64 offsets, i64 usable, py::ssize_t wid
   if (by_table) {
     table = tables_obj.cast<i64>();
     if (table.size() != n) throw py::value_error("survival: one calibrator table per draft");
-    for (py::ssize_t r = 0; r < n; ++r)
-      if (table.data()[r] < 0 || table.data()[r] >= tables) throw py::value_error("survival: calibrator table out of range");
+    if (!tables_in_range(table.data(), nullptr, std::size_t(n), tables))
+      throw py::value_error("survival: calibrator table out of range");
   }
   f64 surv({n, width}), conf({n, width});
   double* sv = surv.mutable_data();
@@ -369,11 +370,10 @@ py::tuple trim_step(py::object conf_obj, i64 offsets, i64 drafted, py::object hi
     by_outcome = !outcome_obj.is_none();
     if (by_outcome) {
       outcome = outcome_obj.cast<i64_out>();
-      if (!outcome.writeable()) throw py::value_error("trim: per-request columns of different sizes, or read-only");
-      if (outcome.size() != capacity) throw py::value_error("trim: per-request columns of different sizes, or read-only");
-      for (py::ssize_t r = 0; r < n; ++r)
-        if (outcome.data()[sl[r]] < 0 || outcome.data()[sl[r]] >= cal_trials.shape(0) / 5)
-          throw py::value_error("survival: calibrator table out of range");
+      if (!outcome.writeable() || outcome.size() != capacity)
+        throw py::value_error("trim: per-request columns of different sizes, or read-only");
+      if (!tables_in_range(outcome.data(), sl, std::size_t(n), cal_trials.shape(0) / 5))
+        throw py::value_error("survival: calibrator table out of range");
     }
     raw.assign(n * width, 0.0);
     for (py::ssize_t r = 0; r < n; ++r) {

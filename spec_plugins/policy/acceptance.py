@@ -240,21 +240,16 @@ class ConfidenceCalibrator:
         confidence, drafted, accepted, table = confidence[keep], drafted[keep], np.asarray(accepted)[keep], table[keep]
         tried, ok = outcome_masks(drafted, accepted, confidence.shape[1])
         cell = self._cells(np.clip(confidence, 0.0, 1.0), table).ravel()
-        size = 5 * self.bins
-        trials, successes = self.trials.reshape(self.tables, size), self.successes.reshape(self.tables, size)
-        for t in np.unique(table).tolist():
-            mine = table == t
-            m = int(mine.sum())
-            # Observation i is decayed by the later observations of its table, as one at a time would.
-            later = np.cumsum(mine[::-1])[::-1] - 1  # observations of the same table after row i
-            weight = np.repeat(np.where(mine, self.decay ** later.astype(np.float64), 0.0), confidence.shape[1])
-            local = cell - t * size  # cells outside this table get weight 0; keep them in range
-            local = np.where(np.repeat(mine, confidence.shape[1]), local, 0)
-            add_t = np.bincount(local, weights=weight * tried.ravel(), minlength=size)
-            add_s = np.bincount(local, weights=weight * ok.ravel(), minlength=size)
-            scale = self.decay if m == 1 else self.decay**m
-            trials[t] = trials[t] * scale + add_t
-            successes[t] = successes[t] * scale + add_s
+        # Observation i is decayed by the later observations of its own table, as one at a time would be: one
+        # bincount over the stacked cells (a table's sums only ever add its own rows) and a decay per table.
+        mine = table[:, None] == np.arange(self.tables)[None, :]
+        later = (np.cumsum(mine[::-1], axis=0)[::-1] - 1)[np.arange(len(table)), table]
+        weight = np.repeat(self.decay ** later.astype(np.float64), confidence.shape[1])
+        add_t = np.bincount(cell, weights=weight * tried.ravel(), minlength=self.trials.size)
+        add_s = np.bincount(cell, weights=weight * ok.ravel(), minlength=self.trials.size)
+        scale = np.repeat(self.decay ** mine.sum(axis=0).astype(np.float64), 5)[:, None]
+        self.trials[...] = self.trials * scale + add_t.reshape(self.trials.shape)
+        self.successes[...] = self.successes * scale + add_s.reshape(self.trials.shape)
 
     def state(self) -> dict[str, Any]:
         return {"trials": self.trials.tolist(), "successes": self.successes.tolist()}

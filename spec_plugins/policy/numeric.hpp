@@ -54,6 +54,25 @@ inline std::int64_t draft_outcome(std::int64_t drafted, std::int64_t accepted) {
   return accepted == drafted ? 1 : (accepted > 0 ? 2 : 3);
 }
 
+// ConfidenceCalibrator's tables, stacked [tables * 5, bins] (five position buckets each) in trials and successes
+// of the same shape: the number of tables, or 0 where the shapes are not such a stack.
+template <class Index>
+inline std::int64_t stacked_tables(int ndim, const Index* shape, int successes_ndim, const Index* successes_shape) {
+  if (ndim != 2 || shape[0] < 5 || shape[0] % 5 != 0 || successes_ndim != 2 || successes_shape[0] != shape[0] ||
+      successes_shape[1] != shape[1])
+    return 0;
+  return std::int64_t(shape[0] / 5);
+}
+
+// Whether every table[at[i]] (table[i] where at is null) names one of `tables` tables.
+inline bool tables_in_range(const std::int64_t* table, const std::int64_t* at, std::size_t n, std::int64_t tables) {
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::int64_t t = table[at ? at[i] : std::int64_t(i)];
+    if (t < 0 || t >= tables) return false;
+  }
+  return true;
+}
+
 inline double clip01(double x) { return x < 0.0 ? 0.0 : (x > 1.0 ? 1.0 : x); }
 
 }  // namespace spec_plugins_policy
