@@ -241,6 +241,13 @@ def test_policy_e2e_configurations_and_bad_input(capsys):
     assert list(back) == ["none", "suffix_tree+adaptive K<=16", "suffix_tree+adaptive K<=16 calibrate_by_outcome=default"]
     with pytest.raises(ValueError, match="two sets of options make the same engine"):
         policy_e2e.configurations("suffix_tree", [], 16, [{"profile": "p"}, {"profile": "p"}], [], [])
+    # Proposer options: one adaptive engine per (policy, proposer) pair, named by what each changes.
+    pairs = policy_e2e.configurations("suffix_tree", [], 16, [{"profile": "p"}], [], [],
+                                      [{}, {"copy_min_prob": 0.3}])
+    assert list(pairs) == ["none", "suffix_tree+adaptive K<=16", "suffix_tree+adaptive K<=16 proposer.copy_min_prob=0.3"]
+    assert "proposer_options" not in pairs["suffix_tree+adaptive K<=16"][1]["spec_plugins"]
+    assert pairs["suffix_tree+adaptive K<=16 proposer.copy_min_prob=0.3"][1]["spec_plugins"]["proposer_options"] == {
+        "copy_min_prob": 0.3}
     # Bad input fails before any engine starts, in one line.
     P = '{"profile": "vllm-cpu-smollm2-135m"}'
     for argv, msg in ((["--concurrency", "0"], "--concurrency"), (["--static-k", "0"], "--static-k"),
@@ -249,7 +256,9 @@ def test_policy_e2e_configurations_and_bad_input(capsys):
                       (["--native", "eagle"], "--native: expected ngram and/or suffix"),
                       (["--native", "suffix", "--native-k", "0"], "--native-k"),
                       (["--policy-options", '{"profile": "nope"}'], "no file or shipped profile 'nope'"),
-                      (["--policy-options", P, "--policy-options", P], "make the same engine")):
+                      (["--policy-options", P, "--policy-options", P], "make the same engine"),
+                      (["--proposer-options", '{"copy_min_prob": 2}'], "copy_min_prob"),
+                      (["--proposer-options", "{}", "--proposer-options", "{}"], "make the same engine")):
         assert policy_e2e.main(argv) == 2
         assert msg in capsys.readouterr().err
 
@@ -370,3 +379,27 @@ def test_versus_native_compares_each_at_its_best_and_charges_engine_host_time(tm
     assert charged[1]["static_vs_native"] > 1.0
     assert versus_native.main(args + ["--workloads", "missing"]) == 2
     assert "no trace" in capsys.readouterr().err
+
+
+def test_batch_schedule_covers_the_whole_workload():
+    """The simulator's schedule runs until every request of the workload has been taken and has ended (at batch 1 a
+    fixed number of steps covered a few requests, and not the same ones for proposers that emit more a step)."""
+    from spec_plugins.bench.policy_sim import TraceRequest, batch_schedule
+
+    lengths = [5, 40, 3, 17, 9, 60]
+    reqs = [TraceRequest(id=f"r{i}", prompt_len=10, pos=np.arange(n), drafted=np.zeros(n, dtype=int),
+                         accepted=np.zeros(n, dtype=int), confidence=[None] * n) for i, n in enumerate(lengths)]
+    for b in (1, 2, 4, 16):
+        steps = batch_schedule(reqs, b, 3, seed=1)
+        ended = {key for _, ends in steps for key in ends}
+        assert {f"r{i}#1" for i in range(len(reqs))} <= ended, b
+        assert all(len(batch) == b for batch, _ in steps)
+    served: dict[str, list[int]] = {}
+    steps = batch_schedule(reqs, 1, 3, seed=1)
+    for batch, _ in steps:
+        for key, i, k in batch:
+            served.setdefault(key, []).append(k)
+    first = steps[0][0][0][0]  # the first slot starts inside its request (a steady state); the rest run whole
+    assert all(ks == list(range(lengths[int(key[1:].split("#")[0])])) for key, ks in served.items() if key != first)
+    assert len(served) == len(reqs)
+    assert len(batch_schedule(reqs, 1, 3, seed=1, whole=False)) == 3

@@ -39,25 +39,36 @@ FORMAT = "spec-plugins-policy-e2e/1"
 
 
 def configurations(proposer: str, static_k: list[int], adaptive_k: int, policy_options: dict | list[dict],
-                   natives: list[str], native_k: list[int]) -> dict[str, tuple[dict | None, dict | None]]:
-    """name -> (speculative_config, additional_config). Several policy options: one adaptive engine each, the
-    later ones named by the options they add to or change from the first."""
+                   natives: list[str], native_k: list[int], proposer_options: list[dict] | None = None
+                   ) -> dict[str, tuple[dict | None, dict | None]]:
+    """name -> (speculative_config, additional_config). Several policy options and/or proposer options: one adaptive
+    engine for each pair, the later ones named by the options they add to or change from the first set of each."""
     model = "spec_plugins.vllm.SpecPluginsProposer"
     out: dict[str, tuple[dict | None, dict | None]] = {"none": (None, None)}
     for k in static_k:
         out[f"{proposer} K={k}"] = ({"method": "custom_class", "model": model, "num_speculative_tokens": k},
                                     {"spec_plugins": {"proposer": proposer}})
     variants = [policy_options] if isinstance(policy_options, dict) else policy_options
+    drafting = proposer_options or [{}]
+
+    def changes(options: dict, first: dict, prefix: str = "") -> str:
+        changed = {k: v for k, v in options.items() if first.get(k, object()) != v}
+        dropped = [k for k in first if k not in options]  # left at the default
+        return "".join(f" {prefix}{k}={v}" for k, v in changed.items()) + "".join(f" {prefix}{k}=default"
+                                                                                  for k in dropped)
+
     for options in variants:
-        changed = {k: v for k, v in options.items() if variants[0].get(k, object()) != v}
-        dropped = [k for k in variants[0] if k not in options]  # left at the policy's default
-        suffix = "".join(f" {k}={v}" for k, v in changed.items()) + "".join(f" {k}=default" for k in dropped)
-        name = f"{proposer}+adaptive K<={adaptive_k}{suffix}"
-        if name in out:
-            raise ValueError(f"--policy-options: two sets of options make the same engine ({name!r})")
-        out[name] = (
-            {"method": "custom_class", "model": model, "num_speculative_tokens": adaptive_k},
-            {"spec_plugins": {"proposer": proposer, "policy": "adaptive", "policy_options": options}})
+        for j, own in enumerate(drafting):
+            name = (f"{proposer}+adaptive K<={adaptive_k}{changes(options, variants[0])}"
+                    f"{changes(own, drafting[0], 'proposer.')}")
+            if name in out:
+                flag = "--proposer-options" if own in drafting[:j] else "--policy-options"
+                raise ValueError(f"{flag}: two sets of options make the same engine ({name!r})")
+            extra = {"proposer": proposer, "policy": "adaptive", "policy_options": options}
+            if own:
+                extra["proposer_options"] = own
+            out[name] = ({"method": "custom_class", "model": model, "num_speculative_tokens": adaptive_k},
+                         {"spec_plugins": extra})
     for native in natives:
         for k in native_k:
             out[f"vllm:{native} K={k}"] = (native_config(native, k), None)
@@ -87,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policy-options", action="append",
                     help='JSON options of the adaptive policy (default {"profile": "vllm-cpu-smollm2-135m"}); '
                          'repeat for one adaptive engine per set')
+    ap.add_argument("--proposer-options", action="append",
+                    help="JSON options of the proposer of the adaptive engines (default: its defaults); repeat for one "
+                         "adaptive engine per set (and per --policy-options set)")
     ap.add_argument("--native", default="", help="also vLLM's own methods (comma-separated: ngram, suffix), each "
                                                  "at every --native-k")
     ap.add_argument("--native-k", default="8", help="draft lengths of the native methods (comma-separated)")
@@ -129,7 +143,11 @@ def main(argv: list[str] | None = None) -> int:
         proposer_class(args.proposer)
         for options in policy_options:
             create_policy("adaptive", options)
-        configs = configurations(args.proposer, static_k, args.adaptive_k, policy_options, natives, native_k)
+        proposer_options = [json.loads(o) for o in args.proposer_options or ["{}"]]
+        for options in proposer_options:
+            proposer_class(args.proposer)(**options)  # a bad option fails here, before any engine starts
+        configs = configurations(args.proposer, static_k, args.adaptive_k, policy_options, natives, native_k,
+                                 proposer_options)
         from spec_plugins.bench.prompts import demo_prompts, interleaved, workload_prompts
 
         # Several workloads are interleaved, so every concurrency level sees a mix of them.

@@ -79,17 +79,26 @@ def trace_requests(traces: Sequence[dict]) -> list[TraceRequest]:
     return out
 
 
-def batch_schedule(requests: list[TraceRequest], batch: int, num_steps: int, seed: int = 0):
-    """For each engine step, the (slot request key, request, step index) of every slot."""
+def batch_schedule(requests: list[TraceRequest], batch: int, num_steps: int, seed: int = 0, whole: bool = True):
+    """For each engine step, the (slot request key, request, step index) of every slot, and the keys whose request
+    ended there. The batch starts full (each slot at a random step of its first request: an engine in its steady
+    state) and a slot whose request ends takes the next of a fixed permutation from its first step, cycling.
+
+    whole: run past `num_steps` until every request of the permutation has been taken and has ended, so every
+    proposer's traces are simulated over the whole workload (at batch 1, `num_steps` alone would cover a few
+    requests, and not the same ones for a proposer that emits more tokens a step)."""
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(requests))
     next_req = 0
     copies: dict[int, int] = {}
     slots = []
+    open_first = set()  # keys of the first pass's requests still in a slot
 
     def take(first: bool):
         nonlocal next_req
         i = int(order[next_req % len(order)])
+        if next_req < len(order):
+            open_first.add(f"{requests[i].id}#{copies.get(i, 0) + 1}")
         next_req += 1
         copies[i] = copies.get(i, 0) + 1
         start = int(rng.integers(len(requests[i].pos))) if first else 0
@@ -98,16 +107,17 @@ def batch_schedule(requests: list[TraceRequest], batch: int, num_steps: int, see
     for _ in range(batch):
         slots.append(take(True))
     steps = []
-    for _ in range(num_steps):
-        steps.append([(key, i, k) for key, i, k in slots])
+    while len(steps) < num_steps or (whole and (next_req < len(order) or open_first)):
+        step = [(key, i, k) for key, i, k in slots]
         ends = []
         for s, (key, i, k) in enumerate(slots):
             if k + 1 < len(requests[i].pos):
                 slots[s][2] = k + 1
             else:
                 ends.append(key)
+                open_first.discard(key)
                 slots[s] = take(False)
-        steps[-1] = (steps[-1], ends)
+        steps.append((step, ends))
     return steps
 
 
@@ -291,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     add_cost_arguments(ap)
     ap.add_argument("--traces", required=True, help="comma-separated replay trace files")
     ap.add_argument("--batch-sizes", default="1,4,16,64,256")
-    ap.add_argument("--steps", type=int, default=300, help="simulated engine steps per batch size")
+    ap.add_argument("--steps", type=int, default=300, help="simulated engine steps per batch size, at least; the simulation "
+                    "goes on until every request of the traces has run")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--png", type=Path)

@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workloads", default=WORKLOADS)
     ap.add_argument("--ours", default="suffix_tree", choices=["suffix_tree", "ngram"])
     ap.add_argument("--batch-sizes", default="1,16,64,256")
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--steps", type=int, default=300, help="simulated engine steps per batch size, at least (the "
+                    "simulation goes on until every request of the workload has run)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
