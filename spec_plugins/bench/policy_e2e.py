@@ -140,12 +140,12 @@ def main(argv: list[str] | None = None) -> int:
         policy_options = [json.loads(o) for o in args.policy_options or ['{"profile": "vllm-cpu-smollm2-135m"}']]
         from spec_plugins.registry import create_policy, proposer_class
 
-        proposer_class(args.proposer)
+        proposer = proposer_class(args.proposer)
         for options in policy_options:
             create_policy("adaptive", options)
         proposer_options = [json.loads(o) for o in args.proposer_options or ["{}"]]
         for options in proposer_options:
-            proposer_class(args.proposer)(**options)  # a bad option fails here, before any engine starts
+            proposer(**options)  # a bad option fails here, before any engine starts
         configs = configurations(args.proposer, static_k, args.adaptive_k, policy_options, natives, native_k,
                                  proposer_options)
         from spec_plugins.bench.prompts import demo_prompts, interleaved, workload_prompts

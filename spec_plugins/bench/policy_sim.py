@@ -97,12 +97,13 @@ def batch_schedule(requests: list[TraceRequest], batch: int, num_steps: int, see
     def take(first: bool):
         nonlocal next_req
         i = int(order[next_req % len(order)])
-        if next_req < len(order):
-            open_first.add(f"{requests[i].id}#{copies.get(i, 0) + 1}")
-        next_req += 1
         copies[i] = copies.get(i, 0) + 1
+        key = f"{requests[i].id}#{copies[i]}"
+        if next_req < len(order):
+            open_first.add(key)
+        next_req += 1
         start = int(rng.integers(len(requests[i].pos))) if first else 0
-        return [f"{requests[i].id}#{copies[i]}", i, start]
+        return [key, i, start]
 
     for _ in range(batch):
         slots.append(take(True))

@@ -260,6 +260,7 @@ def measure(batches: list[int], steps: int, warmup: int, k: int, seed: int, prog
                 for name in calls:
                     appended[name] += (int(own["all"].num_tokens.sum()) - before) * (step >= warmup)
             bar.update()
+        gc.unfreeze()  # as vLLM on shutdown: this batch size's proposers become collectable again
         step_ms = h200_step_ms(b)
         base = statistics.median(times["vLLM suffix (ArcticInference)"])
         for name, ts in times.items():

@@ -97,11 +97,16 @@ void calibrated_update(double* ct, double* cs, py::ssize_t bins, double prior_we
   for (std::int64_t j = 0; j < accepted; ++j) cs[cell[j]] += 1.0;
 }
 
-// The calibrator's stacked tables [tables * 5, bins] (ConfidenceCalibrator, numeric.hpp stacked_tables): their bins.
-py::ssize_t calibrator_bins(const f64& trials, const f64& successes) {
-  if (stacked_tables(trials.ndim(), trials.shape(), successes.ndim(), successes.shape()) == 0)
-    throw py::value_error("calibrator: expected [tables * 5, bins]");
-  return trials.shape(1);
+// The calibrator's stacked tables [tables * 5, bins] (ConfidenceCalibrator, numeric.hpp stacked_tables): their bins
+// and how many tables.
+struct CalibratorShape {
+  py::ssize_t bins;
+  std::int64_t tables;
+};
+CalibratorShape calibrator_shape(const f64& trials, const f64& successes) {
+  const std::int64_t tables = stacked_tables(trials.ndim(), trials.shape(), successes.ndim(), successes.shape());
+  if (tables == 0) throw py::value_error("calibrator: expected [tables * 5, bins]");
+  return {trials.shape(1), tables};
 }
 
 // For each verified draft in order: calibrated_update (confidence [m, w], row i's first drafted[i]) in table
@@ -109,7 +114,7 @@ py::ssize_t calibrator_bins(const f64& trials, const f64& successes) {
 void calibrated_observe(f64 cal_trials, f64 cal_successes, double prior_weight, double cal_decay, f64 confidence,
                         i64 drafted, i64 accepted, f64 fit_ok, f64 fit_predicted, i64 slots, double fit_decay,
                         py::object tables_obj) {
-  const py::ssize_t bins = calibrator_bins(cal_trials, cal_successes);
+  const auto [bins, tables_count] = calibrator_shape(cal_trials, cal_successes);
   double* ct = data(cal_trials, "cal_trials", cal_trials.size());
   double* cs = data(cal_successes, "cal_successes", cal_trials.size());
   if (confidence.ndim() != 2) throw py::value_error("confidence: expected [drafts, positions]");
@@ -133,7 +138,7 @@ void calibrated_observe(f64 cal_trials, f64 cal_successes, double prior_weight, 
     if (sl[i] < 0 || sl[i] >= fit_ok.size() || fit_predicted.size() != fit_ok.size())
       throw py::value_error("calibrator: slot out of range");
   }
-  if (by_table && !tables_in_range(tables.data(), nullptr, std::size_t(m), cal_trials.shape(0) / 5))
+  if (by_table && !tables_in_range(tables.data(), nullptr, std::size_t(m), tables_count))
     throw py::value_error("calibrator: table out of range");
   for (py::ssize_t i = 0; i < m; ++i) {
     const py::ssize_t at = by_table ? tables.data()[i] * 5 * bins : 0;
@@ -164,8 +169,8 @@ void observe_step(i64 slots, i64 drafted, i64 accepted, f64 pooled_trials, f64 p
   if (kept.ndim() != 2 || kept.shape(0) != capacity || kept_len.size() != capacity || fit_ok.size() != capacity ||
       fit_predicted.size() != capacity || !kept_len.writeable())
     throw py::value_error("observe: per-request columns of different sizes, or read-only");
-  const py::ssize_t bins = calibrator_bins(cal_trials, cal_successes), positions = kept.shape(1);
-  const std::int64_t tables = cal_trials.shape(0) / 5;
+  const auto [bins, tables] = calibrator_shape(cal_trials, cal_successes);
+  const py::ssize_t positions = kept.shape(1);
   double* ct = data(cal_trials, "cal_trials", cal_trials.size());
   double* cs = data(cal_successes, "cal_successes", cal_trials.size());
   double* k = data(kept, "kept", kept.size());

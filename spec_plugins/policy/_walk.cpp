@@ -246,11 +246,16 @@ i64 walk(f64 survival, i64 lengths_in, double sunk, bool greedy, double min_gain
   return out;
 }
 
-// The calibrator's stacked tables [tables * 5, bins] (ConfidenceCalibrator, numeric.hpp stacked_tables): their bins.
-py::ssize_t calibrator_bins(const f64& trials, const f64& successes) {
-  if (stacked_tables(trials.ndim(), trials.shape(), successes.ndim(), successes.shape()) == 0)
-    throw py::value_error("survival: calibrator tables must be [tables * 5, bins]");
-  return trials.shape(1);
+// The calibrator's stacked tables [tables * 5, bins] (ConfidenceCalibrator, numeric.hpp stacked_tables): their bins
+// and how many tables.
+struct CalibratorShape {
+  py::ssize_t bins;
+  std::int64_t tables;
+};
+CalibratorShape calibrator_shape(const f64& trials, const f64& successes) {
+  const std::int64_t tables = stacked_tables(trials.ndim(), trials.shape(), successes.ndim(), successes.shape());
+  if (tables == 0) throw py::value_error("survival: calibrator tables must be [tables * 5, bins]");
+  return {trials.shape(1), tables};
 }
 
 // One draft's prefix survival from its raw confidences x[0..len): calibrated per cell, scaled by the
@@ -279,8 +284,7 @@ py::tuple calibrated_survival(f64 flat, i64 offsets, i64 usable, py::ssize_t wid
                               f64 cal_successes, double prior_weight, py::object correction_obj, py::object tables_obj) {
   const py::ssize_t n = usable.size();
   if (offsets.size() != n + 1) throw py::value_error("survival: one offset per draft, plus one");
-  const py::ssize_t bins = calibrator_bins(cal_trials, cal_successes);
-  const std::int64_t tables = cal_trials.shape(0) / 5;
+  const auto [bins, tables] = calibrator_shape(cal_trials, cal_successes);
   const double* ct = cal_trials.data();
   const double* cs = cal_successes.data();
   const double* x = flat.data();
@@ -360,7 +364,7 @@ py::tuple trim_step(py::object conf_obj, i64 offsets, i64 drafted, py::object hi
   if (with_conf) {
     conf_flat = conf_obj.cast<f64>();
     if (conf_flat.size() != o[n]) throw py::value_error("trim: one confidence per drafted token");
-    const py::ssize_t bins = calibrator_bins(cal_trials, cal_successes);
+    const auto [bins, tables] = calibrator_shape(cal_trials, cal_successes);
     const double* ct = cal_trials.data();
     const double* cs = cal_successes.data();
     const double* x = conf_flat.data();
@@ -372,7 +376,7 @@ py::tuple trim_step(py::object conf_obj, i64 offsets, i64 drafted, py::object hi
       outcome = outcome_obj.cast<i64_out>();
       if (!outcome.writeable() || outcome.size() != capacity)
         throw py::value_error("trim: per-request columns of different sizes, or read-only");
-      if (!tables_in_range(outcome.data(), sl, std::size_t(n), cal_trials.shape(0) / 5))
+      if (!tables_in_range(outcome.data(), sl, std::size_t(n), tables))
         throw py::value_error("survival: calibrator table out of range");
     }
     raw.assign(n * width, 0.0);
