@@ -14,6 +14,7 @@
 
 namespace py = pybind11;
 using spec_plugins_policy::numpy_sum;
+using spec_plugins_policy::CalibratorShape;
 using spec_plugins_policy::stacked_tables;
 using spec_plugins_policy::tables_in_range;
 
@@ -97,16 +98,11 @@ void calibrated_update(double* ct, double* cs, py::ssize_t bins, double prior_we
   for (std::int64_t j = 0; j < accepted; ++j) cs[cell[j]] += 1.0;
 }
 
-// The calibrator's stacked tables [tables * 5, bins] (ConfidenceCalibrator, numeric.hpp stacked_tables): their bins
-// and how many tables.
-struct CalibratorShape {
-  py::ssize_t bins;
-  std::int64_t tables;
-};
+// The calibrator's stacked tables (numeric.hpp stacked_tables), or a one-line error.
 CalibratorShape calibrator_shape(const f64& trials, const f64& successes) {
-  const std::int64_t tables = stacked_tables(trials.ndim(), trials.shape(), successes.ndim(), successes.shape());
-  if (tables == 0) throw py::value_error("calibrator: expected [tables * 5, bins]");
-  return {trials.shape(1), tables};
+  const CalibratorShape shape = stacked_tables(trials.ndim(), trials.shape(), successes.ndim(), successes.shape());
+  if (shape.tables == 0) throw py::value_error("calibrator: expected [tables * 5, bins]");
+  return shape;
 }
 
 // For each verified draft in order: calibrated_update (confidence [m, w], row i's first drafted[i]) in table

@@ -21,6 +21,7 @@ namespace py = pybind11;
 using spec_plugins_policy::calibrated;
 using spec_plugins_policy::calibration_cell;
 using spec_plugins_policy::clip01;
+using spec_plugins_policy::CalibratorShape;
 using spec_plugins_policy::stacked_tables;
 using spec_plugins_policy::tables_in_range;
 using spec_plugins_policy::numpy_sum;
@@ -246,16 +247,11 @@ i64 walk(f64 survival, i64 lengths_in, double sunk, bool greedy, double min_gain
   return out;
 }
 
-// The calibrator's stacked tables [tables * 5, bins] (ConfidenceCalibrator, numeric.hpp stacked_tables): their bins
-// and how many tables.
-struct CalibratorShape {
-  py::ssize_t bins;
-  std::int64_t tables;
-};
+// The calibrator's stacked tables (numeric.hpp stacked_tables), or a one-line error.
 CalibratorShape calibrator_shape(const f64& trials, const f64& successes) {
-  const std::int64_t tables = stacked_tables(trials.ndim(), trials.shape(), successes.ndim(), successes.shape());
-  if (tables == 0) throw py::value_error("survival: calibrator tables must be [tables * 5, bins]");
-  return {trials.shape(1), tables};
+  const CalibratorShape shape = stacked_tables(trials.ndim(), trials.shape(), successes.ndim(), successes.shape());
+  if (shape.tables == 0) throw py::value_error("survival: calibrator tables must be [tables * 5, bins]");
+  return shape;
 }
 
 // One draft's prefix survival from its raw confidences x[0..len): calibrated per cell, scaled by the

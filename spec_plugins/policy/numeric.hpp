@@ -55,13 +55,16 @@ inline std::int64_t draft_outcome(std::int64_t drafted, std::int64_t accepted) {
 }
 
 // ConfidenceCalibrator's tables, stacked [tables * 5, bins] (five position buckets each) in trials and successes
-// of the same shape: the number of tables, or 0 where the shapes are not such a stack.
+// of the same shape: their bins and how many tables (tables 0 where the shapes are not such a stack).
+struct CalibratorShape {
+  std::int64_t bins, tables;
+};
 template <class Index>
-inline std::int64_t stacked_tables(int ndim, const Index* shape, int successes_ndim, const Index* successes_shape) {
+inline CalibratorShape stacked_tables(int ndim, const Index* shape, int successes_ndim, const Index* successes_shape) {
   if (ndim != 2 || shape[0] < 5 || shape[0] % 5 != 0 || successes_ndim != 2 || successes_shape[0] != shape[0] ||
       successes_shape[1] != shape[1])
-    return 0;
-  return std::int64_t(shape[0] / 5);
+    return {0, 0};
+  return {std::int64_t(shape[1]), std::int64_t(shape[0] / 5)};
 }
 
 // Whether every table[at[i]] (table[i] where at is null) names one of `tables` tables.
