@@ -14,8 +14,9 @@ demo: setup
 # two cores (the whole suite: ~39 min in one process, ~29 min in two). PYTEST_WORKERS=0 runs them in this one.
 PYTEST_WORKERS ?= 2
 
+# --durations: the slowest tests are listed at the end, so a run that grows slower says where.
 test: setup
-	$(PY) -m pytest -q --timeout=1200 -n $(PYTEST_WORKERS)
+	$(PY) -m pytest -q --timeout=1200 -n $(PYTEST_WORKERS) --durations=15
 
 unit: setup
 	$(PY) -m pytest -q tests

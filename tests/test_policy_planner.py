@@ -141,6 +141,22 @@ def test_simulator_policies_and_json(tmp_path):
         assert g["adaptive"][i] >= 0.9 * best_static
 
 
+def test_simulator_takes_the_adaptive_policys_options(tmp_path, capsys):
+    path = make_trace(tmp_path, max_draft=8)
+    out = tmp_path / "sim.json"
+    args = ["--hardware", "h200", "--model-config", "llama-3.1-8b", "--traces", str(path), "--batch-sizes", "1,16",
+            "--steps", "40", "--host-time", "none", "--json", str(out)]
+    # No drafted token allowed in a step: the adaptive policy is the static draft length 0.
+    assert policy_sim.main(args + ["--policy-options", '{"max_draft_tokens_per_step": 0}']) == 0
+    g = json.loads(out.read_text())["goodput"]
+    assert g["adaptive"] == pytest.approx(g["static_0"]) and g["adaptive"][1] < max(g["static_4"][1], g["static_8"][1])
+    for bad, said in (('{"min_gain": 2}', "--policy-options: min_gain"), ("[1]", "--policy-options: expected a JSON"),
+                      ("{oops", "--policy-options: expected a JSON object")):
+        assert policy_sim.main(args + ["--policy-options", bad]) == 2
+        err = capsys.readouterr().err
+        assert said in err and len(err.strip().splitlines()) == 1
+
+
 def test_simulator_charges_measured_host_time(tmp_path, capsys):
     path = make_trace(tmp_path, max_draft=8)
     args = ["--hardware", "h200", "--model-config", "llama-3.1-8b", "--traces", str(path), "--batch-sizes", "1,64",
@@ -379,6 +395,11 @@ def test_versus_native_compares_each_at_its_best_and_charges_engine_host_time(tm
     assert charged[1]["static_vs_native"] > 1.0
     assert versus_native.main(args + ["--workloads", "missing"]) == 2
     assert "no trace" in capsys.readouterr().err
+    assert versus_native.main(args + ["--policy-options", '{"max_draft_tokens_per_step": 0}', "--host-time", "none"]) == 0
+    undrafted = json.loads(out.read_text())["rows"]  # ours + adaptive drafting nothing: behind the natives' best
+    assert all(r["adaptive_vs_native"] < 1.0 for r in undrafted)
+    assert versus_native.main(args + ["--policy-options", '{"search": "best"}']) == 2
+    assert "--policy-options: search" in capsys.readouterr().err
 
 
 def test_batch_schedule_covers_the_whole_workload():

@@ -101,7 +101,8 @@ def repeat_info(x, n: int, depth: int):
 
 
 COPY_DEFAULTS = dict(
-    min_prob=0.05, window=16, near_len=8, anchor_run=3, oldest_from=2, near_bonus=2.0, hazard_c=1.3, hazard_d=0.8
+    min_prob=0.05, window=16, near_len=8, anchor_run=3, oldest_from=2, near_bonus=2.0, near_first_bonus=0.5,
+    hazard_c=1.3, hazard_d=0.8,
 )
 
 
@@ -158,9 +159,10 @@ class RefCopier:
             return [], [], 0.0, 0
         x, n = self.x, len(self.x)
         m = self.len + (self.cp["near_bonus"] if self.near else 0.0)
+        m_first = self.len + (self.cp["near_first_bonus"] if self.near else 0.0)
         toks, probs, p, s = [], [], 1.0, 0.0
         for k in range(min(max_tokens, n)):
-            p *= self.hazard(m + k)
+            p *= self.hazard(m_first if k == 0 else m + k)
             if p < self.cp["min_prob"]:
                 break
             pos = self.src + k
@@ -222,6 +224,7 @@ copy_params = st.one_of(
             "anchor_run": st.integers(0, 3),
             "oldest_from": st.integers(0, 3),
             "near_bonus": st.sampled_from([0.0, 2.0]),
+            "near_first_bonus": st.sampled_from([0.0, 0.5, 2.0]),
             "hazard_c": st.sampled_from([0.0, 1.3, 3.0]),
             "hazard_d": st.sampled_from([0.0, 0.8]),
         }
@@ -594,6 +597,15 @@ def test_copy_drafts_resume_after_an_edit_and_repeat_loops():
         p.append("edit", [99, 21])  # the target wrote 99 instead of 20, then went on with 21
         resumed.append(p.speculate("edit", 4)[0])
     assert resumed == [[22, 23, 24, 25], [7, 7, 7, 0]]
+    # The resumed copy is a near copy of a one-token match: its first token counts near_first_bonus (0.5)
+    # more matches, the next ones near_bonus (2); with the first bonus at 2 it is the old, single-bonus draft.
+    h = lambda m: 1.0 - 1.3 / (m + 0.8)
+    for first, want in ((0.5, [h(1.5), h(1.5) * h(4)]), (2.0, [h(3), h(3) * h(4)])):
+        p = SuffixTreeProposer(max_cached_requests=0, copy_near_first_bonus=first)
+        p.start("edit", prompt + list(range(20)) + [99, 21])
+        assert p._core._copy_state(p._key("edit"))[3]  # near
+        toks, probs, score, match_len = p.speculate("edit", 2)
+        assert toks == [22, 23] and match_len == 1 and probs == pytest.approx(want)
 
 
 def test_copy_drafts_off_is_the_count_model():
@@ -651,6 +663,7 @@ def test_memory_stays_bounded_over_100k_requests():
         ({"copy_min_prob": 1.5}, "copy_min_prob"),
         ({"copy_window": -1}, "copy_window"),
         ({"copy_hazard_c": float("nan")}, "copy_hazard_c"),
+        ({"copy_near_first_bonus": -0.5}, "copy_near_first_bonus"),
         ({"interleave": 0}, "interleave"),
         ({"interleave": 33}, "interleave"),
         ({"max_ngram": 3}, "max_ngram"),

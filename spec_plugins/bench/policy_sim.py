@@ -214,10 +214,35 @@ def build_cost(args) -> Any:
                      draft_us_per_request=draft_us)
 
 
+def parse_policy_options(text: str | None) -> dict[str, Any]:
+    """--policy-options: a JSON object of the adaptive policy's options (AdaptiveLength.Options), checked here so
+    a bad one is reported before the simulation starts."""
+    import pydantic
+
+    from spec_plugins.policy.adaptive import AdaptiveLength
+
+    if not text:
+        return {}
+    try:
+        options = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--policy-options: expected a JSON object ({exc.msg})") from None
+    if not isinstance(options, dict):
+        raise ValueError(f"--policy-options: expected a JSON object, got {text!r}")
+    try:
+        AdaptiveLength.Options(**options)
+    except pydantic.ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ValueError(f"--policy-options: {where}: {first['msg']}") from None
+    return options
+
+
 def run(traces: list[dict], cost, batch_sizes: list[int], max_draft: int, num_steps: int, seed: int,
-        progress=None, host: Any = None, static_only: bool = False) -> dict[str, Any]:
+        progress=None, host: Any = None, static_only: bool = False,
+        policy_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Goodput of every policy at each batch size; static_only: the static draft lengths alone (an engine's
-    own proposer, which runs no policy of ours)."""
+    own proposer, which runs no policy of ours); policy_options: the adaptive policy's (its defaults if None)."""
     from spec_plugins.policy.adaptive import AdaptiveLength
 
     requests = trace_requests(traces)
@@ -230,7 +255,7 @@ def run(traces: list[dict], cost, batch_sizes: list[int], max_draft: int, num_st
         if not static_only:
             policies["schedule"] = lambda dr, ac, d=schedule_for_batch(the_plan, b): np.full(len(dr), d)
             policies["hindsight"] = lambda dr, ac: ac
-            policies["adaptive"] = AdaptiveLength(cost=cost)
+            policies["adaptive"] = AdaptiveLength(cost=cost, **(policy_options or {}))
         res = simulate(requests, steps, cost, policies, host)
         for name, v in res.items():
             goodput.setdefault(name, []).append(v)
@@ -305,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=300, help="simulated engine steps per batch size, at least; the simulation "
                     "goes on until every request of the traces has run")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--policy-options", help="the adaptive policy's options, a JSON object (default: its defaults)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--png", type=Path)
     args = ap.parse_args(argv)
@@ -322,13 +348,15 @@ def main(argv: list[str] | None = None) -> int:
         traces = load_traces([p for p in args.traces.split(",") if p.strip()])
         cost = build_cost(args)
         host = build_host_time(args, traces)
+        policy_options = parse_policy_options(args.policy_options)
     except ValueError as exc:
         err.print(f"[red]error:[/red] {exc}")
         return 2
     max_draft = max(int(t["max_draft"]) for t in traces)
     with Progress(console=err, transient=True) as prog:
         task = prog.add_task("simulating", total=len(batch_sizes))
-        result = run(traces, cost, batch_sizes, max_draft, args.steps, args.seed, lambda b: prog.advance(task), host)
+        result = run(traces, cost, batch_sizes, max_draft, args.steps, args.seed, lambda b: prog.advance(task), host,
+                     policy_options=policy_options)
     summary = summarize(batch_sizes, result["goodput"], max_draft)
     Console(width=150).print(render(summary, f"modelled goodput, tokens/s ({', '.join(t.get('workload', '?') + '/' + t.get('proposer', '?') for t in traces)})"))
     Console().print(f"worst adaptive / best static: {summary['worst_adaptive_vs_best_static']:.3f}x; "

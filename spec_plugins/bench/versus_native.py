@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from spec_plugins.bench.policy_sim import add_cost_arguments, build_cost, build_host_time, run
+from spec_plugins.bench.policy_sim import add_cost_arguments, build_cost, build_host_time, parse_policy_options, run
 from spec_plugins.traces import load_traces
 
 FORMAT = "spec-plugins-versus-native/1"
@@ -36,11 +36,14 @@ def best_static(goodput: dict[str, list[float]], i: int) -> tuple[str, float]:
 
 
 def compare(args, cost, workload: str, batch_sizes: list[int], progress=None) -> list[dict[str, Any]]:
+    policy_options = parse_policy_options(args.policy_options)
+
     def simulate(proposer: str, static_only: bool) -> dict[str, list[float]]:
         traces = load_traces([str(args.traces_dir / workload / f"{proposer}.json")])
         host = build_host_time(args, traces)
         max_draft = max(int(t["max_draft"]) for t in traces)
-        out = run(traces, cost, batch_sizes, max_draft, args.steps, args.seed, host=host, static_only=static_only)
+        out = run(traces, cost, batch_sizes, max_draft, args.steps, args.seed, host=host, static_only=static_only,
+                  policy_options=policy_options)
         if progress:
             progress()
         return out["goodput"]
@@ -76,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=300, help="simulated engine steps per batch size, at least (the "
                     "simulation goes on until every request of the workload has run)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--policy-options", help="our adaptive policy's options, a JSON object (default: its defaults)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     err = Console(stderr=True, soft_wrap=True)
