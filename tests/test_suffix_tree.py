@@ -102,7 +102,7 @@ def repeat_info(x, n: int, depth: int):
 
 COPY_DEFAULTS = dict(
     min_prob=0.05, window=16, near_len=8, anchor_run=3, oldest_from=2, near_bonus=2.0, near_first_bonus=0.5,
-    hazard_c=1.3, hazard_d=0.8,
+    hazard_c=1.3, hazard_d=0.8, disagree_factor=0.7,
 )
 
 
@@ -184,14 +184,16 @@ def oracle_draft(local: list[int], cached: list[tuple[int, list[int]]], depth, m
 def with_copy(best, copier: RefCopier, max_tokens: int):
     """The count draft `best` against the copy draft: the count score is discounted by the copy
     hazard of its match length, and the copy wins ties. A count draft that wins carries the same
-    reliability in its probabilities: token k's path probability times h(L) * ... * h(L + k)."""
+    reliability in its probabilities: token k's path probability times h(L) * ... * h(L + k). Where both
+    candidates exist and start with different tokens, the winner's probabilities are times disagree_factor."""
     score = 0.0
     for k, p in enumerate(best[1]):
         score += p * copier.hazard(best[3] + k)
     mine = copier.draft(max_tokens)
+    agreement = copier.cp["disagree_factor"] if best[0] and mine[0] and best[0][0] != mine[0][0] else 1.0
     if mine[0] and mine[2] >= score:
-        return mine
-    probs, h = [], 1.0
+        return mine[0], [p * agreement for p in mine[1]], mine[2], mine[3]
+    probs, h = [], agreement
     for k, p in enumerate(best[1]):
         h *= copier.hazard(best[3] + k)
         probs.append(p * h)
@@ -227,6 +229,7 @@ copy_params = st.one_of(
             "near_first_bonus": st.sampled_from([0.0, 0.5, 2.0]),
             "hazard_c": st.sampled_from([0.0, 1.3, 3.0]),
             "hazard_d": st.sampled_from([0.0, 0.8]),
+            "disagree_factor": st.sampled_from([0.0, 0.5, 1.0]),
         }
     ),
 )
@@ -600,12 +603,16 @@ def test_copy_drafts_resume_after_an_edit_and_repeat_loops():
     # The resumed copy is a near copy of a one-token match: its first token counts near_first_bonus (0.5)
     # more matches, the next ones near_bonus (2); with the first bonus at 2 it is the old, single-bonus draft.
     h = lambda m: 1.0 - 1.3 / (m + 0.8)
-    for first, want in ((0.5, [h(1.5), h(1.5) * h(4)]), (2.0, [h(3), h(3) * h(4)])):
-        p = SuffixTreeProposer(max_cached_requests=0, copy_near_first_bonus=first)
+    # The count draft says 7 after 21 (the prompt's end), the copy 22: they disagree, and copy_disagree_factor
+    # scales the copy's path probabilities -- the same tokens, the same score.
+    for first, disagree, want in ((0.5, 1.0, [h(1.5), h(1.5) * h(4)]), (2.0, 1.0, [h(3), h(3) * h(4)]),
+                                  (0.5, 0.5, [h(1.5) / 2, h(1.5) * h(4) / 2])):
+        p = SuffixTreeProposer(max_cached_requests=0, copy_near_first_bonus=first, copy_disagree_factor=disagree)
         p.start("edit", prompt + list(range(20)) + [99, 21])
         assert p._core._copy_state(p._key("edit"))[3]  # near
         toks, probs, score, match_len = p.speculate("edit", 2)
         assert toks == [22, 23] and match_len == 1 and probs == pytest.approx(want)
+        assert score == pytest.approx(h(1.5) + h(1.5) * h(4) if first == 0.5 else h(3) + h(3) * h(4))
 
 
 def test_copy_drafts_off_is_the_count_model():
@@ -664,6 +671,7 @@ def test_memory_stays_bounded_over_100k_requests():
         ({"copy_window": -1}, "copy_window"),
         ({"copy_hazard_c": float("nan")}, "copy_hazard_c"),
         ({"copy_near_first_bonus": -0.5}, "copy_near_first_bonus"),
+        ({"copy_disagree_factor": 1.5}, "copy_disagree_factor"),
         ({"interleave": 0}, "interleave"),
         ({"interleave": 33}, "interleave"),
         ({"max_ngram": 3}, "max_ngram"),

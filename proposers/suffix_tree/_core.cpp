@@ -189,7 +189,7 @@ class PyTree {
 
 CopyParams check_copy(bool on, double min_prob, long long window, long long near_len, long long anchor_run,
                       long long oldest_from, double near_bonus, double near_first_bonus, double hazard_c,
-                      double hazard_d) {
+                      double hazard_d, double disagree_factor) {
   if (!(min_prob >= 0 && min_prob <= 1)) throw py::value_error("copy_min_prob: expected a value in [0, 1]");
   auto count = [](const char* what, long long v) {
     if (v < 0 || v > 1000000) throw py::value_error(std::string(what) + ": expected an integer in [0, 10**6]");
@@ -208,6 +208,9 @@ CopyParams check_copy(bool on, double min_prob, long long window, long long near
   cp.oldest_from = count("copy_oldest_from", oldest_from);
   cp.near_bonus = finite("copy_near_bonus", near_bonus);
   cp.near_first_bonus = finite("copy_near_first_bonus", near_first_bonus);
+  if (!(disagree_factor >= 0 && disagree_factor <= 1))
+    throw py::value_error("copy_disagree_factor: expected a value in [0, 1]");
+  cp.disagree_factor = disagree_factor;
   cp.hazard_c = finite("copy_hazard_c", hazard_c);
   cp.hazard_d = finite("copy_hazard_d", hazard_d);
   return cp;
@@ -515,11 +518,11 @@ PYBIND11_MODULE(_core, m) {
                        double factor, double offset, double min_prob, bool copy, double copy_min_prob,
                        long long copy_window, long long copy_near_len, long long copy_anchor_run,
                        long long copy_oldest_from, double copy_near_bonus, double copy_near_first_bonus,
-                       double copy_hazard_c, double copy_hazard_d) {
+                       double copy_hazard_c, double copy_hazard_d, double copy_disagree_factor) {
              return new PyCache(max_depth, max_cached, cache_active, tie, factor, offset, min_prob,
                                 check_copy(copy, copy_min_prob, copy_window, copy_near_len, copy_anchor_run,
                                            copy_oldest_from, copy_near_bonus, copy_near_first_bonus, copy_hazard_c,
-                                           copy_hazard_d));
+                                           copy_hazard_d, copy_disagree_factor));
            }),
            py::arg("max_depth") = 24, py::arg("max_cached_requests") = 10000, py::arg("cache_in_flight") = false,
            py::arg("tie_break") = "recent", py::arg("max_spec_factor") = 1.0, py::arg("max_spec_offset") = 0.0,
@@ -528,7 +531,7 @@ PYBIND11_MODULE(_core, m) {
            py::arg("copy_anchor_run") = dc.anchor_run, py::arg("copy_oldest_from") = dc.oldest_from,
            py::arg("copy_near_bonus") = dc.near_bonus, py::arg("copy_near_first_bonus") = dc.near_first_bonus,
            py::arg("copy_hazard_c") = dc.hazard_c,
-           py::arg("copy_hazard_d") = dc.hazard_d)
+           py::arg("copy_hazard_d") = dc.hazard_d, py::arg("copy_disagree_factor") = dc.disagree_factor)
       .def("start", &PyCache::start, py::arg("key"), py::arg("prompt"))
       .def("append", &PyCache::append, py::arg("key"), py::arg("tokens"))
       .def("sync_speculate", &PyCache::sync_speculate, py::arg("key"), py::arg("tokens"), py::arg("num_new"),

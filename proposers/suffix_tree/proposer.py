@@ -97,6 +97,10 @@ class SuffixTreeProposer:
         # Per-token reliability of a copy after m matched tokens: 1 - c / (m + d), fitted on the replays.
         copy_hazard_c: float = pydantic.Field(default=1.3, ge=0.0, le=1e6)
         copy_hazard_d: float = pydantic.Field(default=0.8, ge=0.0, le=1e6)
+        copy_disagree_factor: float = pydantic.Field(
+            default=0.7, ge=0.0, le=1.0, description="where the copy and the count draft start with different "
+            "tokens, the chosen draft's path probabilities times this (the same tokens; 1: off)"
+        )
         # Batched drafting on this host: the drafts are the same whatever these are.
         threads: int = pydantic.Field(
             default=-1, ge=-1, le=256, description="worker threads for a batched step (-1: one per extra core, <= 7)"
@@ -141,6 +145,7 @@ class SuffixTreeProposer:
             copy_near_first_bonus=o.copy_near_first_bonus,
             copy_hazard_c=o.copy_hazard_c,
             copy_hazard_d=o.copy_hazard_d,
+            copy_disagree_factor=o.copy_disagree_factor,
         )
         self._core.set_parallel(o.threads, o.parallel_from, o.interleave)
         try:
