@@ -821,7 +821,7 @@ class Tree {
 //     (<= near_len) the occurrence just after the anchor (within `window` tokens, longest match
 //     first, then nearest) is taken, and counts as near_bonus more matched tokens -- from its second
 //     token on: whether the edit is over at all is a coin toss, so its first token counts only
-//     near_first_bonus more (replays: a one-token near copy's first token was right 0.37-0.47 of the
+//     near_first_bonus more (replays: a one-token near copy's first token was right 0.33-0.43 of the
 //     time, h(1 + 2) = 0.66 claimed; once that token is right the rest follow h(1 + 2 + k));
 //   * otherwise a short tail (oldest_from..near_len tokens) copies its oldest occurrence (in a rewrite
 //     that is the original text; the newest is often the copy just written), and a long tail its most
