@@ -15,13 +15,47 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+from typing import Any, Hashable, Sequence
 
 import numpy as np
 from tqdm import tqdm
 
-from spec_plugins.bench.replay import TextTokenizer, accepted_prefix, load_workload
-from spec_plugins.core import DraftRequest
+from spec_plugins.bench.replay import TextTokenizer, load_workload, walk
+from spec_plugins.core import Draft, DraftRequest
 from spec_plugins.proposers.suffix_tree import SuffixTreeProposer
+
+
+class BothCandidates:
+    """A proposer for `replay.walk`: drafts with the suffix tree and, on the same history, with copy drafts off;
+    counts, per group, the first drafted token right, its confidence, and the other candidate's first token right."""
+
+    def __init__(self, options: dict[str, Any]) -> None:
+        self.ours = SuffixTreeProposer(**options)
+        self.counts = SuffixTreeProposer(**{**options, "copy_drafts": False})
+        self.groups: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0, 0.0, 0])
+        self.sequence = np.zeros(0, dtype=np.int32)  # the request being walked, prompt and response
+
+    def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        (req,) = requests
+        (draft,) = self.ours.propose(requests)
+        (count,) = self.counts.propose(requests)
+        end = len(req.tokens)
+        src, length, _, near = self.ours._core._copy_state(self.ours._key(req.req_id))
+        if draft.tokens and count.tokens and 0 <= src < end:
+            copy_first, count_first, truth = int(self.sequence[src]), count.tokens[0], int(self.sequence[end])
+            kind = self.ours.draft_kind(req.req_id)
+            other = count_first if kind == "copy" else copy_first
+            g = self.groups[f"{'agree' if copy_first == count_first else 'differ'} {kind}"
+                            f"{' near' if near else ''} L{min(length, 4)}"]
+            g[0] += 1
+            g[1] += draft.tokens[0] == truth
+            g[2] += draft.confidence[0]
+            g[3] += other == truth
+        return [draft]
+
+    def finish(self, req_id: Hashable) -> None:
+        self.ours.finish(req_id)
+        self.counts.finish(req_id)
 
 
 def main() -> None:
@@ -33,38 +67,13 @@ def main() -> None:
     options = json.loads(args.options)
     tokenizer = TextTokenizer()
     for path in args.workload:
-        rows = load_workload(path, tokenizer)
-        ours, counts = SuffixTreeProposer(**options), SuffixTreeProposer(**{**options, "copy_drafts": False})
-        # group -> [steps, drafted first token right, its confidence summed, the other candidate's first right]
-        groups: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0, 0.0, 0])
-        for row in tqdm(rows, desc=path, leave=False):
-            seq = np.concatenate([row.prompt, row.response]).astype(np.int32)
-            p, n = len(row.prompt), len(row.response)
-            seen, i = 0, 1
-            while i < n:
-                end = p + i
-                req = DraftRequest(row.id, seq[:end], end - seen, args.max_draft)
-                (draft,) = ours.propose([req])
-                (count,) = counts.propose([req])
-                src, length, _, near = ours._core._copy_state(ours._key(row.id))
-                if draft.tokens and count.tokens and 0 <= src < end:
-                    copy_first, count_first, truth = int(seq[src]), count.tokens[0], int(seq[end])
-                    kind = ours.draft_kind(row.id)
-                    other = count_first if kind == "copy" else copy_first
-                    key = (f"{'agree' if copy_first == count_first else 'differ'} {kind}"
-                           f"{' near' if near else ''} L{min(length, 4)}")
-                    g = groups[key]
-                    g[0] += 1
-                    g[1] += draft.tokens[0] == truth
-                    g[2] += draft.confidence[0]
-                    g[3] += other == truth
-                seen = end
-                i += accepted_prefix(draft.tokens, seq[end:]) + 1
-            ours.finish(row.id)
-            counts.finish(row.id)
+        both = BothCandidates(options)
+        for row in tqdm(load_workload(path, tokenizer), desc=path, leave=False):
+            both.sequence = np.concatenate([row.prompt, row.response]).astype(np.int32)
+            walk(both, row, args.max_draft)
         print(f"{path}: first drafted token right / claimed (the other candidate's first token right), steps")
-        for key in sorted(groups):
-            steps, right, claimed, other = groups[key]
+        for key in sorted(both.groups):
+            steps, right, claimed, other = both.groups[key]
             if steps >= 20:
                 print(f"  {key:22s} {right / steps:.2f} / {claimed / steps:.2f} ({other / steps:.2f}), {steps}")
 

@@ -85,7 +85,8 @@ def proposer_class(name: str) -> Callable[..., Proposer]:
     return factory.load() if isinstance(factory, _LazyEntryPoint) else factory
 
 
-def _validated(factory: Callable[..., Any], options: dict[str, Any], field: str) -> dict[str, Any]:
+def validated_options(factory: Callable[..., Any], options: dict[str, Any], field: str) -> dict[str, Any]:
+    """`options` checked against the factory's declared Options (if any); a bad one is one ValueError under `field`."""
     model = factory.Options if isinstance(factory, Configurable) else None
     if model is None:
         return options
@@ -106,7 +107,7 @@ def _one_line(exc: pydantic.ValidationError, prefix: str) -> str:
 
 def create_proposer(name: str, options: dict[str, Any] | None = None) -> Proposer:
     factory = proposer_class(name)
-    return factory(**_validated(factory, dict(options or {}), f"proposer_options[{name}]"))
+    return factory(**validated_options(factory, dict(options or {}), f"proposer_options[{name}]"))
 
 
 def create_policy(name: str, options: dict[str, Any] | None = None) -> DraftLengthPolicy:
@@ -116,4 +117,4 @@ def create_policy(name: str, options: dict[str, Any] | None = None) -> DraftLeng
     if isinstance(factory, str):
         module, attr = factory.split(":")
         factory = _policies[name] = getattr(importlib.import_module(module), attr)
-    return factory(**_validated(factory, dict(options or {}), "policy_options"))
+    return factory(**validated_options(factory, dict(options or {}), "policy_options"))

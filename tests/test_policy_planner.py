@@ -150,7 +150,7 @@ def test_simulator_takes_the_adaptive_policys_options(tmp_path, capsys):
     assert policy_sim.main(args + ["--policy-options", '{"max_draft_tokens_per_step": 0}']) == 0
     g = json.loads(out.read_text())["goodput"]
     assert g["adaptive"] == pytest.approx(g["static_0"]) and g["adaptive"][1] < max(g["static_4"][1], g["static_8"][1])
-    for bad, said in (('{"min_gain": 2}', "--policy-options: min_gain"), ("[1]", "--policy-options: expected a JSON"),
+    for bad, said in (('{"min_gain": 2}', "--policy-options.min_gain"), ("[1]", "--policy-options: expected a JSON"),
                       ("{oops", "--policy-options: expected a JSON object")):
         assert policy_sim.main(args + ["--policy-options", bad]) == 2
         err = capsys.readouterr().err
@@ -399,7 +399,7 @@ def test_versus_native_compares_each_at_its_best_and_charges_engine_host_time(tm
     undrafted = json.loads(out.read_text())["rows"]  # ours + adaptive drafting nothing: behind the natives' best
     assert all(r["adaptive_vs_native"] < 1.0 for r in undrafted)
     assert versus_native.main(args + ["--policy-options", '{"search": "best"}']) == 2
-    assert "--policy-options: search" in capsys.readouterr().err
+    assert "--policy-options.search" in capsys.readouterr().err
 
 
 def test_batch_schedule_covers_the_whole_workload():

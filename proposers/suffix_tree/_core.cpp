@@ -190,7 +190,10 @@ class PyTree {
 CopyParams check_copy(bool on, double min_prob, long long window, long long near_len, long long anchor_run,
                       long long oldest_from, double near_bonus, double near_first_bonus, double hazard_c,
                       double hazard_d, double disagree_factor) {
-  if (!(min_prob >= 0 && min_prob <= 1)) throw py::value_error("copy_min_prob: expected a value in [0, 1]");
+  auto share = [](const char* what, double v) {
+    if (!(v >= 0 && v <= 1)) throw py::value_error(std::string(what) + ": expected a value in [0, 1]");
+    return v;
+  };
   auto count = [](const char* what, long long v) {
     if (v < 0 || v > 1000000) throw py::value_error(std::string(what) + ": expected an integer in [0, 10**6]");
     return i32(v);
@@ -201,16 +204,14 @@ CopyParams check_copy(bool on, double min_prob, long long window, long long near
   };
   CopyParams cp;
   cp.on = on;
-  cp.min_prob = min_prob;
+  cp.min_prob = share("copy_min_prob", min_prob);
   cp.window = count("copy_window", window);
   cp.near_len = count("copy_near_len", near_len);
   cp.anchor_run = count("copy_anchor_run", anchor_run);
   cp.oldest_from = count("copy_oldest_from", oldest_from);
   cp.near_bonus = finite("copy_near_bonus", near_bonus);
   cp.near_first_bonus = finite("copy_near_first_bonus", near_first_bonus);
-  if (!(disagree_factor >= 0 && disagree_factor <= 1))
-    throw py::value_error("copy_disagree_factor: expected a value in [0, 1]");
-  cp.disagree_factor = disagree_factor;
+  cp.disagree_factor = share("copy_disagree_factor", disagree_factor);
   cp.hazard_c = finite("copy_hazard_c", hazard_c);
   cp.hazard_d = finite("copy_hazard_d", hazard_d);
   return cp;

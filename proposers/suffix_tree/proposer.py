@@ -92,7 +92,8 @@ class SuffixTreeProposer:
         )
         # Fitted on the replays: a near copy's first token is right about as often as after 1.5 matches.
         copy_near_first_bonus: float = pydantic.Field(
-            default=0.5, ge=0.0, le=1e6, description="... at its first token (whether the edit is over at all)"
+            default=0.5, ge=0.0, le=1e6, description="a near copy's first token counts this many more matches "
+            "(whether the edit is over at all is uncertain; copy_near_bonus from its second token)"
         )
         # Per-token reliability of a copy after m matched tokens: 1 - c / (m + d), fitted on the replays.
         copy_hazard_c: float = pydantic.Field(default=1.3, ge=0.0, le=1e6)

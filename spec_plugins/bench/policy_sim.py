@@ -215,11 +215,10 @@ def build_cost(args) -> Any:
 
 
 def parse_policy_options(text: str | None) -> dict[str, Any]:
-    """--policy-options: a JSON object of the adaptive policy's options (AdaptiveLength.Options), checked here so
-    a bad one is reported before the simulation starts."""
-    import pydantic
-
+    """--policy-options: a JSON object of the adaptive policy's options, checked as the engines check
+    `policy_options` (registry.validated_options), so a bad one is reported before the simulation starts."""
     from spec_plugins.policy.adaptive import AdaptiveLength
+    from spec_plugins.registry import validated_options
 
     if not text:
         return {}
@@ -229,13 +228,7 @@ def parse_policy_options(text: str | None) -> dict[str, Any]:
         raise ValueError(f"--policy-options: expected a JSON object ({exc.msg})") from None
     if not isinstance(options, dict):
         raise ValueError(f"--policy-options: expected a JSON object, got {text!r}")
-    try:
-        AdaptiveLength.Options(**options)
-    except pydantic.ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise ValueError(f"--policy-options: {where}: {first['msg']}") from None
-    return options
+    return validated_options(AdaptiveLength, options, "--policy-options")
 
 
 def run(traces: list[dict], cost, batch_sizes: list[int], max_draft: int, num_steps: int, seed: int,

@@ -35,9 +35,8 @@ def best_static(goodput: dict[str, list[float]], i: int) -> tuple[str, float]:
     return name.removeprefix("static_"), goodput[name][i]
 
 
-def compare(args, cost, workload: str, batch_sizes: list[int], progress=None) -> list[dict[str, Any]]:
-    policy_options = parse_policy_options(args.policy_options)
-
+def compare(args, cost, workload: str, batch_sizes: list[int], policy_options: dict[str, Any],
+            progress=None) -> list[dict[str, Any]]:
     def simulate(proposer: str, static_only: bool) -> dict[str, list[float]]:
         traces = load_traces([str(args.traces_dir / workload / f"{proposer}.json")])
         host = build_host_time(args, traces)
@@ -95,9 +94,11 @@ def main(argv: list[str] | None = None) -> int:
                                      f"python -m spec_plugins.bench.replay --proposers {args.ours},arctic,vllm_ngram "
                                      f"--trace-out {args.traces_dir})")
         cost = build_cost(args)
+        policy_options = parse_policy_options(args.policy_options)
         with Progress(console=err, transient=True) as prog:
             task = prog.add_task("simulating", total=len(workloads) * (1 + len(NATIVES)))
-            rows = [r for w in workloads for r in compare(args, cost, w, batch_sizes, lambda: prog.advance(task))]
+            rows = [r for w in workloads
+                    for r in compare(args, cost, w, batch_sizes, policy_options, lambda: prog.advance(task))]
     except ValueError as exc:
         err.print(f"[red]error:[/red] {exc}")
         return 2
