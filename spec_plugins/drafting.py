@@ -32,9 +32,8 @@ import numpy as np
 from spec_plugins import _columns
 from spec_plugins.core import (
     BatchDrafts, BatchPolicy, BatchProposer, BindsModel, DraftBatch, DraftLengthPolicy, DraftRequest, HasStats,
-    LoadsTarget, ObservesStepTime, PricesTokens, Proposer, ReqId, RunsBesideEngine, TrimsDrafts, apply_policy,
-    check_cap,
-    check_drafts, check_price,
+    FixedLength, LoadsTarget, ObservesStepTime, PricesTokens, Proposer, ReqId, RunsBesideEngine, TrimsDrafts,
+    apply_policy, check_cap, check_drafts, check_price,
 )
 from spec_plugins.slots import RequestSlots
 
@@ -87,6 +86,9 @@ class DraftingLayer:
     def policy(self, policy: DraftLengthPolicy) -> None:
         self._policy = policy
         self._batch_policy = isinstance(policy, BatchPolicy)
+        # The engines' default (`fixed` without a cap of its own) caps nothing, trims nothing and learns nothing:
+        # its three calls a step are skipped (at batch 1 the step is a few microseconds of such calls).
+        self._passes_through = type(policy) is FixedLength and policy.max_draft is None
         self._times_steps = (self.clock is not None and isinstance(policy, ObservesStepTime)
                              and policy.observes_step_time)
         self._prices = isinstance(policy, PricesTokens) and policy.prices_tokens
@@ -154,35 +156,37 @@ class DraftingLayer:
         """
         self.step_count += 1
         n = len(req_ids)
-        lens = np.ascontiguousarray(context_lens, dtype=np.int64)
-        if num_new is not None:
-            num_new = np.ascontiguousarray(num_new, dtype=np.int64)
-        if accepted is not None:
-            accepted = np.ascontiguousarray(accepted, dtype=np.int64)
+        lens = np.ascontiguousarray(context_lens, dtype=np.int64)  # the batch's column (a no-op for an int64 array)
         ledger = self._ledger
-        try:  # the usual step, every request known: the whole ledger step in one compiled call
+        cols = ledger.columns
+        try:  # the usual step, every request known: the whole ledger step in one compiled call (it converts
+            # num_new and accepted where they are not int64 arrays)
             known = _columns.ledger_step(ledger.index, req_ids, self.step_count, lens, num_new, accepted,
-                                         ledger["last_step"], ledger["seen_len"], ledger["drafted"])
+                                         cols["last_step"], cols["seen_len"], cols["drafted"])
         except ValueError as exc:
             raise ValueError(f"{self.who}: {exc}") from None
         if known is not None:
             slots, grown, reports = known
             new = None
         else:  # some request is new: slots are created first
+            if num_new is not None:
+                num_new = np.ascontiguousarray(num_new, dtype=np.int64)
+            if accepted is not None:
+                accepted = np.ascontiguousarray(accepted, dtype=np.int64)
             if len(set(req_ids)) != n:
                 raise ValueError(f"{self.who}: a request id appears twice in one step")
             slots, new = ledger.lookup(req_ids)
             # Each draft is reported once (see verified).
-            reports = None if accepted is None else _columns.ledger_reports(req_ids, slots, accepted,
-                                                                             ledger["drafted"])
+            reports = None if accepted is None else _columns.ledger_reports(req_ids, slots, accepted, cols["drafted"])
             # First sight, or a context that shrank (recomputed): the whole context is new.
-            grown = _columns.ledger_seen(slots, new, self.step_count, lens, num_new,
-                                         ledger["last_step"], ledger["seen_len"])
+            grown = _columns.ledger_seen(slots, new, self.step_count, lens, num_new, cols["last_step"],
+                                         cols["seen_len"])
         if self._times_steps:
             self._time_step(n, new, present)
-        if reports is not None and len(reports[0]):
+        passes_through = self._passes_through
+        if reports is not None and not passes_through and len(reports[0]):
             self._report(*reports)
-        if len(ledger) > n + self.touch(present):  # some tracked request is absent from this step
+        if len(ledger) > n + (self.touch(present) if present else 0):  # a tracked request is absent from this step
             self.sweep()
         caps = np.asarray(max_draft, dtype=np.int64)
         if caps.ndim == 0:  # one cap for all
@@ -190,19 +194,21 @@ class DraftingLayer:
         batch = DraftBatch(req_ids, contexts, lens, grown, caps, rows=rows, features=features)
         if n == 0:
             return BatchDrafts(np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64))
-        # The per-request view is built at most once a step, after the caps: proposers and policies
-        # without a batched path all see the same DraftRequests.
-        requests = self._caps(batch)
-        if self._prices:
-            batch.token_price = check_price(self.policy.token_price(batch), "policy token_price")
-        drafts = self._propose(batch, requests)
-        drafts = self._trim(batch, drafts, requests)
-        ledger["drafted"][slots] = drafts.lengths
+        if passes_through:
+            drafts = self._propose(batch, None)
+        else:
+            # The per-request view is built at most once a step, after the caps: proposers and policies
+            # without a batched path all see the same DraftRequests.
+            requests = self._caps(batch)
+            if self._prices:
+                batch.token_price = check_price(self.policy.token_price(batch), "policy token_price")
+            drafts = self._trim(batch, self._propose(batch, requests), requests)
+        cols["drafted"][slots] = drafts.lengths
         return drafts
 
     def verified(self, req_ids: Sequence[ReqId], accepted: Sequence[int] | np.ndarray) -> None:
         """Report verification results now (an engine that knows them right after its forward)."""
-        slots, _ = self._ledger.lookup(req_ids, create=False)
+        slots = self._ledger.slots_of(req_ids, create=False)
         accepted = np.ascontiguousarray(accepted, dtype=np.int64)
         known = slots >= 0
         if not known.all():
@@ -218,7 +224,7 @@ class DraftingLayer:
         Returns how many of them are tracked."""
         if not req_ids:
             return 0
-        slots, _ = self._ledger.lookup(req_ids, create=False)
+        slots = self._ledger.slots_of(req_ids, create=False)
         known = slots[slots >= 0]
         self._ledger["last_step"][known] = self.step_count
         return len(known)
@@ -291,7 +297,7 @@ class DraftingLayer:
         drafts = self.proposer.propose_batch(batch)
         if not isinstance(drafts, BatchDrafts):
             raise ValueError(f"{self.who}: propose_batch returned {type(drafts).__name__}, expected BatchDrafts")
-        if len(drafts) != len(batch):
+        if len(drafts.offsets) != len(batch.req_ids) + 1:
             raise ValueError(f"{self.who}: returned {len(drafts)} drafts for {len(batch)} requests")
         i = _columns.first_over(drafts.lengths, batch.max_draft)
         if i >= 0:

@@ -45,6 +45,12 @@ class RequestSlots:
         return self._cols[name]
 
     @property
+    def columns(self) -> dict[str, np.ndarray]:
+        """name -> column, the same dict for the slots' lifetime (growing replaces its values): a step that reads
+        many columns reads them from it without a call each."""
+        return self._cols
+
+    @property
     def index(self) -> dict[Hashable, int]:
         """req_id -> slot (read only: compiled steps look ids up in it directly)."""
         return self._index
@@ -65,6 +71,14 @@ class RequestSlots:
         for i in np.flatnonzero(new).tolist():
             slots[i] = self._add(req_ids[i])
         return slots, new
+
+    def slots_of(self, req_ids: Sequence[Hashable], create: bool = True) -> np.ndarray:
+        """`lookup`'s slots alone (what a step that does not ask which ids are new needs)."""
+        slots, unknown = _columns.lookup_slots(self._index, req_ids)
+        if create and unknown:
+            for i in np.flatnonzero(slots < 0).tolist():
+                slots[i] = self._add(req_ids[i])
+        return slots
 
     def gather(self, name: str, slots: np.ndarray, default: Any) -> np.ndarray:
         """Column `name` at `slots`, with `default` where a slot is -1 (an unknown id)."""

@@ -267,6 +267,30 @@ def test_layer_keeps_prefill_rows_fresh_and_checks_drafts():
         DraftingLayer(TooLong(), FixedLength(), who="proposer 'x'").step(["x"], [[1]], [1], max_draft=2)
 
 
+def test_layer_fixed_policy_caps_and_checks_on_both_paths():
+    # `fixed` without a cap of its own passes the engine's caps through (the layer skips its calls); with one it caps.
+    for policy, want in ((FixedLength(), [[0, 1, 2, 3], [0, 1]]), (FixedLength(max_draft=3), [[0, 1, 2], [0, 1]])):
+        rec = Recorder()
+        layer = DraftingLayer(rec, policy)
+        for step in range(2):
+            out = layer.step(["a", "b"], [[1] * (3 + step), [2] * (1 + step)], [3 + step, 1 + step], max_draft=[4, 2],
+                             accepted=None if step == 0 else [1, 0])
+            assert out.lists() == want
+
+    class BatchTooLong:
+        def propose_batch(self, batch):
+            return BatchDrafts(np.array([5, 6, 7]), np.array([0, 3]))
+
+        def propose(self, requests):
+            raise AssertionError("the batched path is used")
+
+        def finish(self, req_id):
+            pass
+
+    with pytest.raises(ValueError, match="^proposer 'x': draft for request 'x' has 3 tokens, cap is 2$"):
+        DraftingLayer(BatchTooLong(), FixedLength(), who="proposer 'x'").step(["x"], [[1]], [1], max_draft=2)
+
+
 def test_batch_drafts_truncate_and_round_trip():
     drafts = [Draft([1, 2, 3], None, [0.9, 0.5, 0.1]), Draft([], None, []), Draft([7], None, [0.3])]
     b = BatchDrafts.from_drafts(drafts)

@@ -169,7 +169,7 @@ class AdaptiveLength:
             raise ValueError("policy 'adaptive': no cost model; give policy_options.model_config or let the "
                              "engine bind its model")
         drafted = drafts.lengths
-        slots, _ = self.requests.lookup(batch.req_ids)
+        slots = self.requests.slots_of(batch.req_ids)
         search = self.options.search
         if search == "auto":
             search = "global" if drafts.probs is None or all(p is None for p in drafts.probs) else "greedy"
@@ -265,7 +265,7 @@ class AdaptiveLength:
 
     def _trim_compiled(self, slots: np.ndarray, drafts: BatchDrafts, search: str, context: np.ndarray,
                        curves: tuple, extra: float) -> tuple:
-        cols, cal, o = self.requests, self.calibrator, self.options
+        cols, cal, o = self.requests.columns, self.calibrator, self.options
         with_conf = o.confidence != "off" and drafts.confidence is not None
         h = self.history
         history = None if with_conf else (h.pooled_trials, h.pooled_successes, h.pooled_prior, h.pooled_prior_weight,
@@ -341,8 +341,8 @@ class AdaptiveLength:
         drafted = np.asarray(drafted, dtype=np.int64)
         accepted = np.asarray(accepted, dtype=np.int64)
         if _observe is not None:  # history, calibrator and fits, one observation at a time, in one call
-            slots, _ = self.requests.lookup(req_ids)
-            cols, cal, hist = self.requests, self.calibrator, self.history
+            slots = self.requests.slots_of(req_ids)
+            cols, cal, hist = self.requests.columns, self.calibrator, self.history
             _observe.observe_step(slots, drafted, accepted, hist.pooled_trials, hist.pooled_successes,
                                   cols["trials"], cols["successes"], hist.decay, hist.pooled_decay, cols["kept"],
                                   cols["kept_len"], cal.trials, cal.successes, cal.prior_weight, cal.decay,
