@@ -74,6 +74,20 @@ def test_lookup_slots_and_the_ledger_reports():
     assert _columns.count_and_sum(np.array([0, 3, 0, 5])) == (2, 8)
 
 
+def test_request_slots_slots_of_and_columns():
+    from spec_plugins.slots import RequestSlots
+
+    slots = RequestSlots(n=((), np.int64, 7))
+    cols = slots.columns
+    assert slots.slots_of(["a", "b"], create=False).tolist() == [-1, -1] and len(slots) == 0
+    got = slots.slots_of(["a", "b"])
+    assert got.tolist() == slots.lookup(["a", "b"])[0].tolist() and len(slots) == 2
+    cols["n"][got] = [1, 2]
+    more = slots.slots_of([f"r{i}" for i in range(100)])  # the columns grow: the same dict holds the new arrays
+    assert slots.columns is cols and cols["n"] is slots["n"] and cols["n"][got].tolist() == [1, 2]
+    assert cols["n"][more].tolist() == [7] * 100
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.data())
 def test_ledger_step_equals_lookup_reports_and_seen(data):
