@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from typing import Any
 
 import numpy as np
 
@@ -20,12 +21,8 @@ from spec_plugins.bench.step_overhead import Batch, code_token_streams
 from spec_plugins.proposers.suffix_tree import SuffixTreeProposer
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--steps", type=int, default=40)
-    args = ap.parse_args()
-    b, steps = args.batch, args.steps
+def measure(b: int, steps: int) -> tuple[dict[str, list[float]], Any, Any]:
+    """Seconds per step of each call kind, and the two caches (they end holding the same trees)."""
     streams = code_token_streams(b, 4096 + 4 * steps + 256, progress=False)
     batch = Batch(streams, np.random.default_rng(0), 4096 + 4 * steps + 512)
     whole, split = SuffixTreeProposer()._core, SuffixTreeProposer()._core
@@ -44,8 +41,19 @@ def main() -> None:
             t = time.perf_counter()
             core.step_batch(keys, batch.token_ids_cpu, rows, lens, new, cap, 0.0)
             times[name].append(time.perf_counter() - t)
+    return times, whole, split
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=40)
+    args = ap.parse_args()
+    if args.batch < 1 or args.steps < 1:
+        ap.error("--batch and --steps must be positive")
+    times, _, _ = measure(args.batch, args.steps)
     med = {name: statistics.median(ts) * 1e6 for name, ts in times.items()}
-    print(f"B = {b}, median of {steps} steps: " + ", ".join(f"{name} {us:.0f} µs" for name, us in med.items())
+    print(f"B = {args.batch}, median of {args.steps} steps: " + ", ".join(f"{name} {us:.0f} µs" for name, us in med.items())
           + f"; drafts only / whole step {med['drafts only'] / med['whole step']:.2f}")
 
 

@@ -56,3 +56,17 @@ def test_step_overhead_verifies_drafts_against_a_rewrite(tmp_path):
     assert all(1 <= r["tokens_per_request_step"] <= 5 for r in doc["rows"])
     with pytest.raises(SystemExit):
         step_overhead.main(["--batches", "2", "--steps", "400", "--verify", "--text", "rewrite"])
+
+
+def test_append_draft_split_keeps_both_caches_equal():
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "append_draft_split", Path(__file__).parents[1] / "benchmarks" / "append_draft_split.py")
+    split_bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(split_bench)
+    times, whole, split = split_bench.measure(3, 4)
+    assert all(len(ts) == 4 for ts in times.values())
+    for key in range(3):  # appending and drafting apart leaves the trees the whole step leaves
+        assert whole._canonical(key).tolist() == split._canonical(key).tolist()
