@@ -156,11 +156,14 @@ class DraftingLayer:
         """
         self.step_count += 1
         n = len(req_ids)
-        lens = np.ascontiguousarray(context_lens, dtype=np.int64)  # the batch's column (a no-op for an int64 array)
+        lens = np.ascontiguousarray(context_lens, dtype=np.int64)
+        if num_new is not None:
+            num_new = np.ascontiguousarray(num_new, dtype=np.int64)
+        if accepted is not None:
+            accepted = np.ascontiguousarray(accepted, dtype=np.int64)
         ledger = self._ledger
         cols = ledger.columns
-        try:  # the usual step, every request known: the whole ledger step in one compiled call (it converts
-            # num_new and accepted where they are not int64 arrays)
+        try:  # the usual step, every request known: the whole ledger step in one compiled call
             known = _columns.ledger_step(ledger.index, req_ids, self.step_count, lens, num_new, accepted,
                                          cols["last_step"], cols["seen_len"], cols["drafted"])
         except ValueError as exc:
@@ -169,10 +172,6 @@ class DraftingLayer:
             slots, grown, reports = known
             new = None
         else:  # some request is new: slots are created first
-            if num_new is not None:
-                num_new = np.ascontiguousarray(num_new, dtype=np.int64)
-            if accepted is not None:
-                accepted = np.ascontiguousarray(accepted, dtype=np.int64)
             if len(set(req_ids)) != n:
                 raise ValueError(f"{self.who}: a request id appears twice in one step")
             slots, new = ledger.lookup(req_ids)

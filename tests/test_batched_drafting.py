@@ -273,8 +273,10 @@ def test_layer_fixed_policy_caps_and_checks_on_both_paths():
         rec = Recorder()
         layer = DraftingLayer(rec, policy)
         for step in range(2):
+            # Columns of any numeric type are taken as integers, on the first step and on the known-requests path.
             out = layer.step(["a", "b"], [[1] * (3 + step), [2] * (1 + step)], [3 + step, 1 + step], max_draft=[4, 2],
-                             accepted=None if step == 0 else [1, 0])
+                             num_new=np.array([3.0, 1.0]) if step == 0 else np.array([1.0, 1.0]),
+                             accepted=None if step == 0 else np.array([1.0, 0.0]))
             assert out.lists() == want
 
     class BatchTooLong:

@@ -302,7 +302,7 @@ class RooflineCost(CostModel):
     def draft_time(self, draft_lens: Sequence[int]) -> float:
         dc = self.drafter
         if dc.kind == "model_free":  # the serving path: no list of the batch's lengths (never negative)
-            drafting, tokens = _columns.count_and_sum(draft_lens)  # converted there only if it must be
+            drafting, tokens = _columns.count_and_sum(np.ascontiguousarray(draft_lens, dtype=np.int64))
             if drafting == 0:
                 return 0.0
             return (dc.per_request_us * drafting + dc.per_token_us * tokens) * 1e-6
