@@ -68,16 +68,14 @@ class RequestSlots:
         if not create or not unknown:
             return slots, np.zeros(len(slots), dtype=bool)
         new = slots < 0
-        for i in np.flatnonzero(new).tolist():
-            slots[i] = self._add(req_ids[i])
+        self._add_new(req_ids, slots, new)
         return slots, new
 
     def slots_of(self, req_ids: Sequence[Hashable], create: bool = True) -> np.ndarray:
         """`lookup`'s slots alone (what a step that does not ask which ids are new needs)."""
         slots, unknown = _columns.lookup_slots(self._index, req_ids)
         if create and unknown:
-            for i in np.flatnonzero(slots < 0).tolist():
-                slots[i] = self._add(req_ids[i])
+            self._add_new(req_ids, slots, slots < 0)
         return slots
 
     def gather(self, name: str, slots: np.ndarray, default: Any) -> np.ndarray:
@@ -96,6 +94,10 @@ class RequestSlots:
             self._ids[slot] = None
             self._free.append(slot)
         return slot
+
+    def _add_new(self, req_ids: Sequence[Hashable], slots: np.ndarray, new: np.ndarray) -> None:
+        for i in np.flatnonzero(new).tolist():
+            slots[i] = self._add(req_ids[i])
 
     def _add(self, req_id: Hashable) -> int:
         if self._free:
