@@ -51,7 +51,6 @@ class WorkerPool {
       tickets_ = helpers;
       busy_ = helpers;
       error_ = nullptr;
-      ++generation_;
     }
     if (helpers == int(threads_.size())) {
       wake_.notify_all();
@@ -82,15 +81,16 @@ class WorkerPool {
   }
 
   void work() {
-    unsigned long long seen = 0;
     for (;;) {
       {
-        // A loop hands out `tickets_` places: a worker woken without one (a spurious or surplus wake)
-        // sleeps on until the next loop.
+        // A loop hands out `tickets_` places and waits until each was taken and its drain is done. Any
+        // worker may take any ticket, one it woke for or not, and more than one in a loop: run() wakes
+        // helpers with notify_one, and a notification can reach a worker that already took a ticket of
+        // this loop and went back to sleep; had it to leave the ticket to another, that ticket could stay
+        // untaken and run() wait forever. A worker woken with no ticket left sleeps on.
         std::unique_lock<std::mutex> lock(mu_);
-        wake_.wait(lock, [&] { return stop_ || (generation_ != seen && tickets_ > 0); });
+        wake_.wait(lock, [&] { return stop_ || tickets_ > 0; });
         if (stop_) return;
-        seen = generation_;
         --tickets_;
       }
       drain();
@@ -106,7 +106,6 @@ class WorkerPool {
   size_t count_ = 0, grain_ = 1;
   std::atomic<size_t> next_{0};
   int busy_ = 0, tickets_ = 0;
-  unsigned long long generation_ = 0;
   bool stop_ = false;
   std::exception_ptr error_;
 };
