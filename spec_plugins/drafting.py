@@ -68,6 +68,12 @@ class DraftingLayer:
                                     drafted=((), np.int64, 0))
         self.step_count = 0
         self.num_finished = 0  # requests whose state was freed (finished, preempted or stale)
+        # With time_proposer on (the vLLM trace, the step-overhead benchmark), proposer_seconds is the last step's
+        # time inside the proposer's drafting call and the check of what it returned: what separates the
+        # proposer's own cost from the ledger's, the policy's and the adapter's in the host time an engine waits
+        # for. Needs a clock.
+        self.time_proposer = False
+        self.proposer_seconds = 0.0
 
     @property
     def proposer(self) -> Proposer:
@@ -288,6 +294,14 @@ class DraftingLayer:
         return None
 
     def _propose(self, batch: DraftBatch, requests: list[DraftRequest] | None) -> BatchDrafts:
+        if self.time_proposer and self.clock is not None:
+            start = self.clock()
+            drafts = self._propose_untimed(batch, requests)
+            self.proposer_seconds = self.clock() - start
+            return drafts
+        return self._propose_untimed(batch, requests)
+
+    def _propose_untimed(self, batch: DraftBatch, requests: list[DraftRequest] | None) -> BatchDrafts:
         if not self._batch_proposer:
             requests = batch.requests() if requests is None else requests
             drafts = self.proposer.propose(requests)

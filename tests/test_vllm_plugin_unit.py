@@ -219,7 +219,9 @@ def test_trace_file_records_rows_and_finishes(monkeypatch, tmp_path):
     prop.finish("a")
     lines = [json.loads(line) for line in trace.read_text().splitlines()]
     assert lines[1]["us"] > 0 and lines[1]["t"] > 0
-    assert [{k: v for k, v in e.items() if k not in ("pid", "t", "us")} for e in lines] == [
+    # The proposer's own call is part of the step, and timed only with the trace on.
+    assert 0 < lines[1]["proposer_us"] < lines[1]["us"]
+    assert [{k: v for k, v in e.items() if k not in ("pid", "t", "us", "proposer_us")} for e in lines] == [
         {"start": "ngram", "policy": "fixed", "k": 3}, {"step": 1, "rows": ["a"], "tracked": 1, "drafted": [0]},
         {"finish": "a", "why": "finished"}]
 

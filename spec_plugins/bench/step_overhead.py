@@ -20,7 +20,9 @@ proposer is called exactly as vLLM 0.32's model runner calls it, on the same arr
   before the next proposer runs, so it never overlaps another proposer's timing.
 
 Reported per proposer and batch: median microseconds per whole `propose()` call over the timed steps,
-per request, the ratio to vLLM's `suffix` at the same batch, and the share of the measured H200 step of
+per request, the ratio to vLLM's `suffix` at the same batch; for ours also the median time inside the
+proposer's own drafting call (`DraftingLayer.proposer_seconds`: the suffix tree's or n-gram's compiled
+step; the rest of the step is the ledger, the policy and the adapter), and the share of the measured H200 step of
 a Llama-3.1-8B-shaped stack at that batch (`benchmarks/profiles/h200-llama-3.1-8b-stack.json`, the
 step with no drafts: the cheapest verification step, so the share is an upper bound). Timings come
 from this host; the proposers run in turns inside each step so a noisy moment hits them all.
@@ -147,8 +149,10 @@ class Contender:
     """One proposer driven as vLLM's runner drives it: `step` is the drafting step the engine waits for;
     `background` waits for work the proposer left running between steps (None: it leaves none)."""
 
-    def __init__(self, step: Callable[[Batch], Any], background: Callable[[], None] | None = None) -> None:
+    def __init__(self, step: Callable[[Batch], Any], background: Callable[[], None] | None = None,
+                 proposer_seconds: Callable[[], float] | None = None) -> None:
         self.step, self.background = step, background
+        self.proposer_seconds = proposer_seconds  # ours: the last step's time inside the proposer's own call
 
 
 def contenders(k: int) -> dict[str, Callable[[], Contender]]:
@@ -162,11 +166,12 @@ def contenders(k: int) -> dict[str, Callable[[], Contender]]:
                                       **({"proposer_options": {"append_ahead": True}} if ahead else {}),
                                       **({"policy_options": {"hardware": "h200"}} if policy == "adaptive" else {})}}
             p = SpecPluginsProposer(vllm_config(k, extra))
+            p.drafting.time_proposer = True  # as with the engine's trace on: two clock reads a step
 
             def call(b: Batch) -> Any:
                 p.row_req_ids = b.req_ids  # what the plugin's runner wrapper sets
                 return p.propose(b.sampled, b.num_tokens, b.token_ids_cpu)
-            return Contender(call, p.proposer.wait_ahead if ahead else None)
+            return Contender(call, p.proposer.wait_ahead if ahead else None, lambda: p.drafting.proposer_seconds)
         return make
 
     def vllm_suffix() -> Contender:
@@ -234,6 +239,7 @@ def measure(batches: list[int], steps: int, warmup: int, k: int, seed: int, prog
         appended: dict[str, int] = {name: 0 for name in calls}
         times: dict[str, list[float]] = {name: [] for name in calls}
         waits: dict[str, list[float]] = {name: [] for name, c in calls.items() if c.background is not None}
+        own_calls: dict[str, list[float]] = {name: [] for name, c in calls.items() if c.proposer_seconds is not None}
         for step in range(steps + warmup):
             order = list(calls)
             if step % 2:
@@ -250,6 +256,8 @@ def measure(batches: list[int], steps: int, warmup: int, k: int, seed: int, prog
                     times[name].append(t1 - t0)
                     if name in waits:
                         waits[name].append(time.perf_counter() - t1)
+                    if name in own_calls:
+                        own_calls[name].append(contender.proposer_seconds())
                 if verify:
                     before = int(batch.num_tokens.sum())
                     batch.advance(drafts)
@@ -269,6 +277,9 @@ def measure(batches: list[int], steps: int, warmup: int, k: int, seed: int, prog
                          "vs_vllm_suffix": med / base, "h200_step_ms": step_ms,
                          "share_of_h200_step": None if step_ms is None else med * 1e3 / step_ms,
                          "ahead_wait_us": statistics.median(waits[name]) * 1e6 if name in waits else None,
+                         "proposer_us": statistics.median(own_calls[name]) * 1e6 if name in own_calls else None,
+                         "proposer_vs_vllm_suffix": (statistics.median(own_calls[name]) / base
+                                                     if name in own_calls else None),
                          "tokens_per_request_step": appended[name] / (steps * b)})
     bar.close()
     return rows
@@ -279,15 +290,16 @@ def print_table(rows: list[dict]) -> None:
     from rich.table import Table
 
     table = Table(title="Whole drafting step (propose() as vLLM calls it), median per step")
-    for col in ("proposer", "B", "µs/step", "µs/request", "x vLLM suffix", "share of H200 step", "µs left off the step",
-                "tokens/request/step"):
+    for col in ("proposer", "B", "µs/step", "µs/request", "x vLLM suffix", "proposer call µs (x)",
+                "share of H200 step", "µs left off the step", "tokens/request/step"):
         table.add_column(col, justify="left" if col == "proposer" else "right")
     for r in rows:
         share = "-" if r["share_of_h200_step"] is None else f"{100 * r['share_of_h200_step']:.1f}% of {r['h200_step_ms']:.1f} ms"
         wait = "-" if r.get("ahead_wait_us") is None else f"{r['ahead_wait_us']:.0f}"
+        own = "-" if r.get("proposer_us") is None else f"{r['proposer_us']:.0f} ({r['proposer_vs_vllm_suffix']:.3f})"
         table.add_row(r["proposer"], str(r["batch"]), f"{r['us_per_step']:.0f}", f"{r['us_per_request']:.2f}",
-                      f"{r['vs_vllm_suffix']:.3f}", share, wait, f"{r['tokens_per_request_step']:.2f}")
-    Console(width=max(120, Console().width)).print(table)
+                      f"{r['vs_vllm_suffix']:.3f}", own, share, wait, f"{r['tokens_per_request_step']:.2f}")
+    Console(width=max(140, Console().width)).print(table)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -24,8 +24,9 @@ sets `row_req_ids` before every call and calls `finish(req_id)` for finished and
 without it rows stand for requests ("row-3"). Either way per-request state is bounded: see `_sweep`.
 
 `SPEC_PLUGINS_TRACE_FILE=PATH` appends one JSON line per step (`{"pid", "step", "rows", "tracked", "drafted",
-"t", "us"}`: `drafted` the draft lengths of the rows that drafted, `t` when the step's drafting began, `us` the
-host time it took;
+"t", "us", "proposer_us"}`: `drafted` the draft lengths of the rows that drafted, `t` when the step's drafting
+began, `us` the host time it took, `proposer_us` the part of it inside the proposer's drafting call (the rest is
+the ledger, the policy and this adapter);
 every `trace_stats_every` steps also `"stats"` and `"policy_stats"`: the proposer's and the policy's `stats()`,
 where they have one) and per freed
 request (`{"pid", "finish", "why"}`) to PATH, after one `{"pid", "start", "policy", "k"}` line per engine; the integration tests and benchmarks/soak.py read it.
@@ -76,6 +77,7 @@ class SpecPluginsProposer(RequestIdAware):
         # free beside an accelerator's forward, and competes with the forward on a CPU engine.
         device = getattr(getattr(vllm_config, "device_config", None), "device_type", None) or "cpu"
         self.drafting.engine_on_accelerator(device != "cpu")
+        self.drafting.time_proposer = self._trace is not None
         # Request ids per batch row, set by the plugin's runner wrapper before each propose(). Without
         # them a row stands for its request; rows are reused and reordered between steps, which only
         # blurs per-request state (our proposers see the whole context every step).
@@ -189,7 +191,8 @@ class SpecPluginsProposer(RequestIdAware):
         # are the engine's step times as the worker saw them.
         event = {"step": self.drafting.step_count, "rows": ids, "tracked": self.drafting.num_tracked,
                  "drafted": drafted.tolist(), "t": round(start, 6),
-                 "us": round((time.perf_counter() - start) * 1e6, 1)}
+                 "us": round((time.perf_counter() - start) * 1e6, 1),
+                 "proposer_us": round(self.drafting.proposer_seconds * 1e6, 1)}
         if self.drafting.step_count % self.trace_stats_every == 0:
             stats = self.drafting.stats()
             if stats is not None:
