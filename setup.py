@@ -9,7 +9,8 @@ setup(
         Pybind11Extension(
             "spec_plugins.proposers.suffix_tree._core",
             ["proposers/suffix_tree/_core.cpp"],
-            depends=["proposers/suffix_tree/suffix_tree.hpp", "proposers/worker_pool.hpp", "spec_plugins/fast_array.hpp"],
+            depends=["proposers/suffix_tree/suffix_tree.hpp", "proposers/worker_pool.hpp", "proposers/page_arena.hpp",
+                     "spec_plugins/fast_array.hpp"],
             cxx_std=17,
             extra_compile_args=["-O3"],
         ),

@@ -241,6 +241,9 @@ class SuffixTreeProposer:
             "nodes": c.num_nodes,
             "global_nodes": c.global_nodes,
             "memory_bytes": c.memory_bytes,
+            # What the process maps for the large arrays of every suffix tree (page_arena.hpp): memory_bytes plus
+            # the arrays' unused class tails and the blocks freed for reuse.
+            "arena_bytes": c.arena_bytes,
         }
 
     # ---- helpers --------------------------------------------------------------------------------

@@ -44,6 +44,7 @@
 #include <utility>
 #include <vector>
 
+#include "../page_arena.hpp"
 #include "../worker_pool.hpp"
 
 namespace suffix_tree {
@@ -154,7 +155,7 @@ class ChildMap {
   }
 
   void rehash(size_t cap) {
-    std::vector<Slot> old;
+    spec_plugins::ArenaVector<Slot> old;
     old.swap(slots_);
     slots_.assign(cap, Slot{kEmpty, 0});
     mask_ = cap - 1;
@@ -164,7 +165,7 @@ class ChildMap {
       if (s.key != kEmpty) put(s.key, s.val);
   }
 
-  std::vector<Slot> slots_;
+  spec_plugins::ArenaVector<Slot> slots_;  // on 2 MB pages (page_arena.hpp): probed at random
   size_t mask_ = 0, size_ = 0;
   int shift_ = 64;
   bool journal_ = false;
@@ -183,8 +184,8 @@ struct Node {
 };
 
 struct Seq {
-  std::vector<i32> tok;
-  std::vector<i32> endp;  // endp[j]: node at whose end suffix j currently ends
+  spec_plugins::ArenaVector<i32> tok;   // the arrays a step reads at random are on 2 MB pages (page_arena.hpp)
+  spec_plugins::ArenaVector<i32> endp;  // endp[j]: node at whose end suffix j currently ends
   u64 order = 0;          // insertion order; larger is younger
   i32 active = 0;         // suffixes j < active (in the last max_depth) are open leaves
   bool live = false;
@@ -267,8 +268,8 @@ class Tree {
     ++removed_;
     // Increasing j: among a node's endpoints from S the reference one (largest start) goes last.
     for (size_t j = 0; j < S.endp.size(); ++j) drop(S.endp[j]);
-    std::vector<i32>().swap(S.tok);
-    std::vector<i32>().swap(S.endp);
+    decltype(S.tok)().swap(S.tok);
+    decltype(S.endp)().swap(S.endp);
     S.live = false;
     free_seqs_.push_back(s);
     return s;
@@ -780,7 +781,7 @@ class Tree {
 
   const i32 D_;
   const TieBreak tie_;
-  std::vector<Node> nodes_;
+  spec_plugins::ArenaVector<Node> nodes_;
   std::vector<i32> free_nodes_;
   ChildMap kids_;
   std::vector<Seq> seqs_;
