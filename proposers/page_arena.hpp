@@ -12,16 +12,17 @@
 // So blocks of at least kSmallest bytes come from chunks of kChunk bytes, 2 MB aligned and marked
 // MADV_HUGEPAGE, cut in size classes four to a doubling (at most ~25% of a block unused) and kept on a
 // free list per class when freed, for the next array of that class; a block above kChunk / 4 is a mapping
-// of its own. Chunks are never unmapped: the arena holds the peak of what the trees held (what malloc's
-// heap does too). Smaller blocks, and everything off Linux, go to malloc. Thread safe (the batched step
+// of its own. Chunks are never unmapped, but free blocks beyond max(kChunk, a quarter of the bytes in use)
+// give their pages back to the system, so what is held stays within ~1.25x what the trees use (plus 32 MB). Smaller blocks, and everything off Linux, go to malloc. Thread safe (the batched step
 // grows trees on several threads); growing an array is rare next to using it, so one mutex serves.
 //
 // Memory: a 2 MB page is resident once any byte of it is touched, so capacity reserved and not yet used
 // costs memory here where 4 KB pages left it untouched: at 256 requests of 2-4k tokens the process held
-// ~60 MB more (trees of ~150 MB). SPEC_PLUGINS_HUGE_PAGES=0 in the environment, read once at the first
+// 60-70 MB more (trees of ~150 MB). SPEC_PLUGINS_HUGE_PAGES=0 in the environment, read once at the first
 // large allocation, sends every block to malloc instead.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdlib>
 #include <mutex>
@@ -57,12 +58,13 @@ class PageArena {
     std::free(p);
   }
 
-  // Bytes mapped for blocks (chunks and single mappings), in use or free: what the arena adds to the process.
-  static size_t mapped_bytes() {
+  // Bytes of blocks in use, free blocks still resident and single mappings: what the arena holds in memory
+  // (chunks' pages never touched aside).
+  static size_t held_bytes() {
 #if defined(__linux__)
     PageArena& a = instance();
     std::lock_guard<std::mutex> lock(a.mu_);
-    return a.mapped_;
+    return a.in_use_ + a.resident_free_ + a.single_;
 #else
     return 0;
 #endif
@@ -90,6 +92,11 @@ class PageArena {
     return c;
   }
 
+  static size_t size_of_class(size_t c) {  // class_of's size for class c
+    const size_t base = kSmallest << (c / 4);
+    return (base + c % 4 * (base / 4) + kPage - 1) / kPage * kPage;
+  }
+
   static void* map(size_t bytes, size_t align) {
     // Over-map by `align` and trim, so the block starts on an `align` boundary (a 2 MB page needs one).
     const size_t len = bytes + align;
@@ -111,20 +118,21 @@ class PageArena {
     if (size > kChunk / 4) {  // an array this large is a mapping of its own, returned when freed
       void* p = map(size, kHuge);
       std::lock_guard<std::mutex> lock(mu_);
-      mapped_ += size;
+      single_ += size;
       return p;
     }
     std::lock_guard<std::mutex> lock(mu_);
+    in_use_ += size;
     if (c >= free_.size()) free_.resize(c + 1);
     if (!free_[c].empty()) {
-      void* p = free_[c].back();
+      const Free f = free_[c].back();
       free_[c].pop_back();
-      return p;
+      if (f.resident) resident_free_ -= size;
+      return f.block;
     }
     if (left_ < size) {  // the rest of the chunk (< size) stays unused
       next_ = static_cast<char*>(map(kChunk, kHuge));
       left_ = kChunk;
-      mapped_ += kChunk;
     }
     void* p = next_;
     next_ += size;
@@ -138,20 +146,45 @@ class PageArena {
     if (size > kChunk / 4) {
       munmap(p, size);
       std::lock_guard<std::mutex> lock(mu_);
-      mapped_ -= size;
+      single_ -= size;
       return;
     }
     std::lock_guard<std::mutex> lock(mu_);
+    in_use_ -= size;
     if (c >= free_.size()) free_.resize(c + 1);
-    free_[c].push_back(p);
+    free_[c].push_back(Free{p, true});
+    resident_free_ += size;
+    trim();
   }
 
+  // Free blocks stay resident for the next array of their class up to max(kChunk, a quarter of the bytes in use);
+  // past that the largest give their pages back to the system (their addresses stay on the lists), so what the
+  // process holds stays bounded whatever mix of sizes comes and goes. With mu_ held.
+  void trim() {
+    const size_t limit = std::max(kChunk, in_use_ / 4);
+    for (size_t c = free_.size(); c-- > 0 && resident_free_ > limit;) {
+      const size_t size = size_of_class(c);
+      for (Free& f : free_[c]) {
+        if (!f.resident) continue;
+        madvise(f.block, size, MADV_DONTNEED);  // the next use of the block faults fresh zero pages in
+        f.resident = false;
+        resident_free_ -= size;
+        if (resident_free_ <= limit) return;
+      }
+    }
+  }
+
+  struct Free {
+    void* block;
+    bool resident;  // false: its pages were given back (MADV_DONTNEED), the next use faults them in again
+  };
   bool on_ = true;  // fixed when the arena is made: every block is released the way it was allocated
   std::mutex mu_;
-  std::vector<std::vector<void*>> free_;
+  std::vector<std::vector<Free>> free_;
+  size_t in_use_ = 0, resident_free_ = 0;  // bytes of chunk blocks handed out / free and still resident
   char* next_ = nullptr;
   size_t left_ = 0;
-  size_t mapped_ = 0;
+  size_t single_ = 0;  // bytes in mappings of their own
 #endif
 };
 

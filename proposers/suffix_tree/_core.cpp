@@ -566,7 +566,7 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("num_nodes", [](PyCache& c) { c.quiet(); return c.cache_.num_nodes(); })
       .def_property_readonly("global_nodes", [](PyCache& c) { c.quiet(); return c.cache_.global().num_nodes(); })
       .def_property_readonly("memory_bytes", [](PyCache& c) { c.quiet(); return c.cache_.memory_bytes(); })
-      .def_property_readonly("arena_bytes", [](PyCache&) { return spec_plugins::PageArena::mapped_bytes(); },
-                             "Bytes the process maps for the trees' large arrays (every cache's, in use or free).")
+      .def_property_readonly("arena_bytes", [](PyCache&) { return spec_plugins::PageArena::held_bytes(); },
+                             "Bytes the process holds for the trees' large arrays (every cache's, in use or free).")
       .def("_check", [](PyCache& c) { c.quiet(); c.cache_.validate(); });
 }

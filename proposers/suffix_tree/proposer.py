@@ -241,8 +241,8 @@ class SuffixTreeProposer:
             "nodes": c.num_nodes,
             "global_nodes": c.global_nodes,
             "memory_bytes": c.memory_bytes,
-            # What the process maps for the large arrays of every suffix tree (page_arena.hpp): memory_bytes plus
-            # the arrays' unused class tails and the blocks freed for reuse.
+            # What the process holds for the large arrays of every suffix tree (page_arena.hpp): those arrays' share
+            # of memory_bytes rounded up to their size classes, plus blocks freed and kept for reuse.
             "arena_bytes": c.arena_bytes,
         }
 
