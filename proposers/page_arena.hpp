@@ -13,8 +13,9 @@
 // MADV_HUGEPAGE, cut in size classes four to a doubling (at most ~25% of a block unused) and kept on a
 // free list per class when freed, for the next array of that class; a block above kChunk / 4 is a mapping
 // of its own. Chunks are never unmapped, but free blocks beyond max(kChunk, a quarter of the bytes in use)
-// give their pages back to the system, so what is held stays within ~1.25x what the trees use (plus 32 MB). Smaller blocks, and everything off Linux, go to malloc. Thread safe (the batched step
-// grows trees on several threads); growing an array is rare next to using it, so one mutex serves.
+// give their pages back to the system, so what is held stays within ~1.25x what the trees use (plus 32 MB).
+// Smaller blocks, and everything off Linux, go to malloc. Thread safe (the batched step grows trees on
+// several threads); growing an array is rare next to using it, so one mutex serves.
 //
 // Memory: a 2 MB page is resident once any byte of it is touched, so capacity reserved and not yet used
 // costs memory here where 4 KB pages left it untouched: at 256 requests of 2-4k tokens the process held
@@ -82,19 +83,19 @@ class PageArena {
     on_ = !(env && env[0] == '0' && env[1] == '\0');
   }
 
-  // Size class of a block: 4 classes per doubling from kSmallest, each a whole number of 4 KB pages.
-  static size_t class_of(size_t bytes, size_t* size) {
-    size_t base = kSmallest, c = 0;
-    while (base * 2 <= bytes) base *= 2, c += 4;
-    size_t step = base / 4, s = base;
-    while (s < bytes) s += step, ++c;
-    *size = (s + kPage - 1) / kPage * kPage;
-    return c;
-  }
-
-  static size_t size_of_class(size_t c) {  // class_of's size for class c
+  // Size classes: 4 per doubling from kSmallest (base, 1.25, 1.5, 1.75 x base), each a whole number of 4 KB pages.
+  static size_t size_of_class(size_t c) {
     const size_t base = kSmallest << (c / 4);
     return (base + c % 4 * (base / 4) + kPage - 1) / kPage * kPage;
+  }
+
+  // The smallest class that holds `bytes`, and its size.
+  static size_t class_of(size_t bytes, size_t* size) {
+    size_t c = 0;
+    while ((kSmallest << (c / 4 + 1)) <= bytes) c += 4;  // the doubling that holds `bytes`
+    while (size_of_class(c) < bytes) ++c;
+    *size = size_of_class(c);
+    return c;
   }
 
   static void* map(size_t bytes, size_t align) {
@@ -123,10 +124,10 @@ class PageArena {
     }
     std::lock_guard<std::mutex> lock(mu_);
     in_use_ += size;
-    if (c >= free_.size()) free_.resize(c + 1);
-    if (!free_[c].empty()) {
-      const Free f = free_[c].back();
-      free_[c].pop_back();
+    std::vector<Free>& list = free_list(c);
+    if (!list.empty()) {
+      const Free f = list.back();
+      list.pop_back();
       if (f.resident) resident_free_ -= size;
       return f.block;
     }
@@ -151,8 +152,7 @@ class PageArena {
     }
     std::lock_guard<std::mutex> lock(mu_);
     in_use_ -= size;
-    if (c >= free_.size()) free_.resize(c + 1);
-    free_[c].push_back(Free{p, true});
+    free_list(c).push_back(Free{p, true});
     resident_free_ += size;
     trim();
   }
@@ -178,6 +178,10 @@ class PageArena {
     void* block;
     bool resident;  // false: its pages were given back (MADV_DONTNEED), the next use faults them in again
   };
+  std::vector<Free>& free_list(size_t c) {  // with mu_ held
+    if (c >= free_.size()) free_.resize(c + 1);
+    return free_[c];
+  }
   bool on_ = true;  // fixed when the arena is made: every block is released the way it was allocated
   std::mutex mu_;
   std::vector<std::vector<Free>> free_;
