@@ -341,3 +341,20 @@ def test_layer_hands_a_pricing_policys_price_to_the_proposer():
         layer.step(ids, [ctx + [1] * step] * 8, [len(ctx) + step] * 8, max_draft=8, accepted=np.full(8, -1 if step == 0 else 1))
     assert prop.prices[0] == 0.0 and prop.prices[-1] > 0.0
     assert adaptive.stats()["token_price"] == prop.prices[-1]  # in the trace of a served engine
+    # A floor is handed over from the first step, and the bound only raises it.
+    floored = AdaptiveLength(profile="vllm-cpu-smollm2-135m", min_token_price=0.1)
+    layer = DraftingLayer(prop, floored)
+    prop.prices.clear()
+    for step in range(3):
+        ids = [f"r{i}" for i in range(8)]
+        layer.step(ids, [ctx + [1] * step] * 8, [len(ctx) + step] * 8, max_draft=8, accepted=np.full(8, -1 if step == 0 else 1))
+    assert prop.prices == [0.1, 0.1, 0.1]
+    both = AdaptiveLength(profile="vllm-cpu-smollm2-135m", price_drafts=0.5, min_token_price=1e-6)
+    layer = DraftingLayer(prop, both)
+    prop.prices.clear()
+    for step in range(3):
+        ids = [f"r{i}" for i in range(8)]
+        layer.step(ids, [ctx + [1] * step] * 8, [len(ctx) + step] * 8, max_draft=8, accepted=np.full(8, -1 if step == 0 else 1))
+    assert prop.prices[0] == 1e-6 and prop.prices[-1] > 1e-6
+    with pytest.raises(ValueError, match="min_token_price"):
+        AdaptiveLength(profile="vllm-cpu-smollm2-135m", min_token_price=1.5)

@@ -89,6 +89,10 @@ class AdaptiveLength:
         # The proposer is told this share of the price of a drafted token before it drafts (`token_price`); 0:
         # it drafts unpriced, up to the caps, and only the trim decides.
         price_drafts: float = pydantic.Field(default=0.0, ge=0.0, le=1.0)
+        # The least price handed to the proposer, whatever the bound: a path probability under which drafts end
+        # (0: none). Where verified rows cost compute at every batch (a CPU engine), a draft that ends where its
+        # likely tokens end lets the next step draft again from what was accepted.
+        min_token_price: float = pydantic.Field(default=0.0, ge=0.0, le=1.0)
 
         # Names are resolved here, so a bad one is reported under its field (policy_options.hardware: ...)
         # when the engine starts, not when the first step costs a draft. The resolvers' own messages name
@@ -130,7 +134,7 @@ class AdaptiveLength:
         self._curves_of: StepCost | None = None  # the cost model `_curves` reads (allocator.curve_source)
         self._curves = None
         self._each_context = False  # the cost model prices each request at its own context (resolved with _curves)
-        self.prices_tokens = opts.price_drafts > 0.0  # core.PricesTokens
+        self.prices_tokens = opts.price_drafts > 0.0 or opts.min_token_price > 0.0  # core.PricesTokens
         self._cheapest_rows: dict[tuple[int, int], float] = {}  # (requests, curve length) -> seconds
         self._price = 0.0  # the last token_price handed out
         if self.cost is None and (opts.hardware is None) == (opts.profile is None):
@@ -197,7 +201,8 @@ class AdaptiveLength:
         return lengths
 
     def token_price(self, batch: DraftBatch) -> float:
-        """`price_drafts` times the least survival a token needs to be kept in this step (core.PricesTokens).
+        """`price_drafts` times the least survival a token needs to be kept in this step, at least
+        `min_token_price` (core.PricesTokens).
 
         The trim keeps a token only if its survival pays for its verified row at the long-run rate (the walk's
         objective is tau - rate * time), so no kept token has a survival below rate times the cheapest row's
@@ -205,9 +210,10 @@ class AdaptiveLength:
         proposer's raw confidences do not know: the calibration and the per-request correction the trim
         applies. 0 until a long-run rate exists (the first step, or `objective: per_step`), and on a curve
         with free rows (a GPU tile not yet full)."""
-        rate = None if self.cost is None else self._rate()
-        self._price = 0.0 if rate is None else self.options.price_drafts * rate * self._cheapest_row(
+        rate = None if self.cost is None or self.options.price_drafts == 0.0 else self._rate()
+        bound = 0.0 if rate is None else self.options.price_drafts * rate * self._cheapest_row(
             len(batch), int(batch.max_draft.sum()), batch.context_lens)
+        self._price = max(bound, self.options.min_token_price)
         return self._price
 
     def _curve_source(self):
