@@ -333,28 +333,22 @@ def test_layer_hands_a_pricing_policys_price_to_the_proposer():
         with pytest.raises(ValueError, match="^policy token_price: expected a finite number >= 0"):
             DraftingLayer(prop, Priced(bad)).step(["a"], [ctx], [len(ctx)], max_draft=8)
     # The adaptive policy prices only when asked to, and only once it has a long-run rate.
+    def prices_over_three_steps(policy):
+        layer = DraftingLayer(prop, policy)
+        prop.prices.clear()
+        for step in range(3):
+            ids = [f"r{i}" for i in range(8)]
+            layer.step(ids, [ctx + [1] * step] * 8, [len(ctx) + step] * 8, max_draft=8,
+                       accepted=np.full(8, -1 if step == 0 else 1))
+        return list(prop.prices)
+
     adaptive = AdaptiveLength(profile="vllm-cpu-smollm2-135m", price_drafts=0.5)
-    layer = DraftingLayer(prop, adaptive)
-    prop.prices.clear()
-    for step in range(3):
-        ids = [f"r{i}" for i in range(8)]
-        layer.step(ids, [ctx + [1] * step] * 8, [len(ctx) + step] * 8, max_draft=8, accepted=np.full(8, -1 if step == 0 else 1))
+    prices_over_three_steps(adaptive)
     assert prop.prices[0] == 0.0 and prop.prices[-1] > 0.0
     assert adaptive.stats()["token_price"] == prop.prices[-1]  # in the trace of a served engine
     # A floor is handed over from the first step, and the bound only raises it.
-    floored = AdaptiveLength(profile="vllm-cpu-smollm2-135m", min_token_price=0.1)
-    layer = DraftingLayer(prop, floored)
-    prop.prices.clear()
-    for step in range(3):
-        ids = [f"r{i}" for i in range(8)]
-        layer.step(ids, [ctx + [1] * step] * 8, [len(ctx) + step] * 8, max_draft=8, accepted=np.full(8, -1 if step == 0 else 1))
-    assert prop.prices == [0.1, 0.1, 0.1]
-    both = AdaptiveLength(profile="vllm-cpu-smollm2-135m", price_drafts=0.5, min_token_price=1e-6)
-    layer = DraftingLayer(prop, both)
-    prop.prices.clear()
-    for step in range(3):
-        ids = [f"r{i}" for i in range(8)]
-        layer.step(ids, [ctx + [1] * step] * 8, [len(ctx) + step] * 8, max_draft=8, accepted=np.full(8, -1 if step == 0 else 1))
-    assert prop.prices[0] == 1e-6 and prop.prices[-1] > 1e-6
+    assert prices_over_three_steps(AdaptiveLength(profile="vllm-cpu-smollm2-135m", min_token_price=0.1)) == [0.1] * 3
+    both = prices_over_three_steps(AdaptiveLength(profile="vllm-cpu-smollm2-135m", price_drafts=0.5, min_token_price=1e-6))
+    assert both[0] == 1e-6 and both[-1] > 1e-6
     with pytest.raises(ValueError, match="min_token_price"):
         AdaptiveLength(profile="vllm-cpu-smollm2-135m", min_token_price=1.5)
