@@ -25,6 +25,9 @@ to be kept in this step (`token_price`; `DraftBatch.token_price`): the suffix tr
 end each draft before its first token whose path probability is below it. Off by default: the proposers' raw
 confidences are not the calibrated survivals the trim reads, and on the replays the cut cost more goodput than
 the drafting it saved (benchmarks/RESULTS.md, "The price of a token handed to the proposer").
+`min_token_price` hands the proposer at least that price every step, whatever the bound (0 by default: a
+floor of 0.1 gained 2-3.5% in the simulator on the CPU profile but was level end to end on vLLM-CPU,
+benchmarks/RESULTS.md, "A floor on the price, end to end").
 
 Drafts sampled from a draft distribution
 (`Draft.probs` set) are trimmed with the non-anticipating greedy search, deterministic drafts with the
