@@ -99,9 +99,9 @@ def _late_ends(path: Path) -> list[int]:
             for i, st in enumerate(steps)]
 
 
-def _check_rows(steps: list[dict], late: list[int] | None = None) -> set[str]:
-    """Real ids in every row, rows reused and reordered, state never above one batch (plus the late ends of
-    `_late_ends`, when given). Returns the ids."""
+def _check_rows(steps: list[dict], late: list[int] | None = None, moved: bool = True) -> set[str]:
+    """Real ids in every row, rows reused (and, with `moved`, reordered), state never above one batch (plus the
+    late ends of `_late_ends`, when given). Returns the ids."""
     assert steps
     rows_of: dict[str, set[int]] = {}
     ids_at: dict[int, set[str]] = {}
@@ -114,7 +114,8 @@ def _check_rows(steps: list[dict], late: list[int] | None = None) -> set[str]:
             rows_of.setdefault(r, set()).add(i)
             ids_at.setdefault(i, set()).add(r)
     assert any(len(ids) > 1 for ids in ids_at.values())  # a row held several requests over time
-    assert any(len(rows) > 1 for rows in rows_of.values())  # a request moved rows (condense)
+    if moved:
+        assert any(len(rows) > 1 for rows in rows_of.values())  # a request moved rows (condense)
     return set(rows_of)
 
 
@@ -183,7 +184,10 @@ def test_vllm_serve_ids_reach_the_worker_and_drained_requests_are_bounded(tiny_l
     assert len(pids) == 1 and proc.pid not in pids  # patched in the engine's worker process
     last = steps[-1]["rows"]
     late = _late_ends(trace)
-    ids = _check_rows(*zip(*[(s, n) for s, n in zip(steps, late) if not set(s["rows"]) & set(last)]))
+    drained = [(s, n) for s, n in zip(steps, late) if not set(s["rows"]) & set(last)]
+    # Over HTTP the arrival order, and so whether a hole opens below the last occupied row, is the
+    # clients' timing: a condense is not certain here (the in-process test, whose order is fixed, checks it).
+    ids = _check_rows([s for s, _ in drained], [n for _, n in drained], moved=False)
     assert len(ids) == len(PROMPTS)
     why = {e["finish"]: e["why"] for e in finishes}
     assert set(why) == ids  # all seven freed; the follow-up request is still in its (drained) batch
