@@ -184,10 +184,9 @@ def test_vllm_serve_ids_reach_the_worker_and_drained_requests_are_bounded(tiny_l
     assert len(pids) == 1 and proc.pid not in pids  # patched in the engine's worker process
     last = steps[-1]["rows"]
     late = _late_ends(trace)
-    drained = [(s, n) for s, n in zip(steps, late) if not set(s["rows"]) & set(last)]
     # Over HTTP the arrival order, and so whether a hole opens below the last occupied row, is the
     # clients' timing: a condense is not certain here (the in-process test, whose order is fixed, checks it).
-    ids = _check_rows([s for s, _ in drained], [n for _, n in drained], moved=False)
+    ids = _check_rows(*zip(*[(s, n) for s, n in zip(steps, late) if not set(s["rows"]) & set(last)]), moved=False)
     assert len(ids) == len(PROMPTS)
     why = {e["finish"]: e["why"] for e in finishes}
     assert set(why) == ids  # all seven freed; the follow-up request is still in its (drained) batch
