@@ -2,10 +2,15 @@
 # (scripts/setup_env.sh is idempotent: a second run takes seconds).
 PY := .venv/bin/python
 
-.PHONY: setup demo test unit
+.PHONY: setup setup-gpu-path demo test unit
 
 setup:
 	bash scripts/setup_env.sh dev,vllm
+
+# vLLM 0.33.0's own Python (the CUDA wheel without its CUDA libraries) for the contract tests of the GPU code paths;
+# where it cannot be built, those tests skip and say why.
+setup-gpu-path:
+	bash scripts/setup_vllm_gpu_env.sh || echo "[setup-gpu] could not build .venv-vllm033: the vLLM 0.33 contract tests will skip"
 
 demo: setup
 	.venv/bin/spec-plugins demo
@@ -15,8 +20,8 @@ demo: setup
 PYTEST_WORKERS ?= 2
 
 # --durations: the slowest tests are listed at the end, so a run that grows slower says where.
-test: setup
-	$(PY) -m pytest -q --timeout=1200 -n $(PYTEST_WORKERS) --durations=15
+test: setup setup-gpu-path
+	$(PY) -m pytest -q -rs --timeout=1200 -n $(PYTEST_WORKERS) --durations=15
 
 unit: setup
 	$(PY) -m pytest -q tests

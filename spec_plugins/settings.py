@@ -13,7 +13,6 @@ import pydantic
 
 from spec_plugins.registry import create_policy, create_proposer
 
-FIELDS = "proposer, proposer_options, policy, policy_options"
 
 
 class ProposerSettings(pydantic.BaseModel):
@@ -44,5 +43,5 @@ def parse_settings(cls: type[S], section: dict, where: str) -> S:
         err = exc.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
         if err["type"] == "extra_forbidden":
-            raise ValueError(f"{where}.{loc}: unknown key (expected {FIELDS})") from None
+            raise ValueError(f"{where}.{loc}: unknown key (expected {', '.join(cls.model_fields)})") from None
         raise ValueError(f"{where}.{loc}: {err['msg']} (got {err.get('input')!r})") from None

@@ -174,7 +174,7 @@ def test_unsupported_version_warns_once_and_patches_nothing(monkeypatch, caplog)
     monkeypatch.setattr(plugin, "_vllm_version", lambda: "0.34.1")
     Runner = runner_class()
     orig = Runner.__dict__["propose_draft_token_ids"]
-    with caplog.at_level(logging.WARNING, logger=plugin.__name__):
+    with caplog.at_level(logging.WARNING, logger=plugin.logger.name):
         plugin.register()
         plugin.register()
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -202,7 +202,7 @@ def test_register_never_raises(monkeypatch, caplog):
         raise RuntimeError("metadata broken")
 
     monkeypatch.setattr(plugin, "_vllm_version", boom)
-    with caplog.at_level(logging.WARNING, logger=plugin.__name__):
+    with caplog.at_level(logging.WARNING, logger=plugin.logger.name):
         plugin.register()
     assert plugin.install(runner_class()) is False
     assert "metadata broken" in caplog.text

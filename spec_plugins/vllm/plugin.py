@@ -79,18 +79,27 @@ import sys
 from importlib.metadata import PackageNotFoundError, version as _dist_version
 from typing import Any
 
+from spec_plugins.vllm import patches
 from spec_plugins.vllm.versions import version_in
 
-logger = logging.getLogger(__name__)
+# A child of vLLM's logger: vLLM configures "vllm" (INFO, its format), so start-up lines show in its log.
+logger = logging.getLogger("vllm.spec_plugins")
 
-ENV_SWITCH = "SPEC_PLUGINS_VLLM_PLUGIN"
-SUPPORTED = ((0, 32), (0, 33))  # vLLM major.minor versions whose runner this patch was checked against
+ENV_SWITCH = patches.PLUGIN_SWITCH
+SUPPORTED = tuple(patches.CHECKED_VERSIONS)  # the vLLM releases the contract tests run against
 RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
 METHOD = "propose_draft_token_ids"
 ORIG = "_spec_plugins_orig_" + METHOD
 BLOCK_ORIG = "_spec_plugins_orig_block_drafting"
 ARGS_MODULE = "vllm.engine.arg_utils"
 CHECK_ORIG = "_spec_plugins_orig_create_engine_config"
+CONFIG_MODULE = "vllm.config.vllm"
+V2_ORIG = "_spec_plugins_orig_v2_unsupported"
+# Why a DSpark checkpoint under `method: dflash` leaves Model Runner V2: vLLM prints it in its own line
+# "Model Runner V2 does not yet support <this>; using the V1 model runner instead."
+DSPARK_V1_REASON = ("spec-plugins DSpark drafting of a Qwen3DSparkModel checkpoint under method 'dflash' (its hooks run "
+                    "on the V1 runner; method 'dspark' runs a vanilla-head checkpoint on Model Runner V2 with vLLM's "
+                    "own DSpark)")
 # vLLM registry architecture -> our class in spec_plugins/vllm/drafters.py
 DRAFTERS = {"DFlashDraftModel": "DFlashDraft", "Qwen3DSparkModel": "DSparkDraft"}
 
@@ -161,6 +170,7 @@ def register() -> None:
 
             cpu_sampler_fix.install(found)
         install_front_end_check()
+        install_runner_choice()
     except Exception as exc:  # a plugin must never take the engine down
         _enabled = False
         logger.warning("spec-plugins: vLLM plugin disabled (%s: %s); per-request state falls back to row keys.",
@@ -217,7 +227,14 @@ def install_front_end_check(engine_args_cls: Any = None) -> bool:
 
         @functools.wraps(orig)
         def create_engine_config(self: Any, *args: Any, **kwargs: Any) -> Any:
-            config = orig(self, *args, **kwargs)
+            prepare_engine_args(self)
+            try:
+                config = orig(self, *args, **kwargs)
+            except Exception as exc:
+                if DSPARK_V1_REASON in str(exc):  # Model Runner V2 forced (VLLM_USE_V2_MODEL_RUNNER=1)
+                    raise ValueError(FORCED_V2_ERROR) from None
+                raise
+            keep_batch_schedule(self, config)
             check_config(config)
             return config
 
@@ -243,10 +260,101 @@ def check_config(vllm_config: Any) -> None:
         cls = getattr(importlib.import_module(module), name, None)
         if isinstance(cls, type) and issubclass(cls, RequestIdAware):
             cls.build(vllm_config)
-    elif method == "dflash" and "spec_plugins" in (getattr(vllm_config, "additional_config", None) or {}):
-        from spec_plugins.vllm.settings import block_policy
+    elif method == "dflash":
+        if _dspark_under_dflash(spec) and getattr(vllm_config, "use_v2_model_runner", False):
+            raise ValueError(FORCED_V2_ERROR)
+        if "spec_plugins" in (getattr(vllm_config, "additional_config", None) or {}):
+            from spec_plugins.vllm.settings import block_policy
 
-        block_policy(vllm_config.additional_config)
+            block_policy(vllm_config.additional_config)
+
+
+def prepare_engine_args(engine_args: Any) -> None:
+    """Before vLLM resolves the config: a spec-plugins policy cuts DSpark drafts per request only where the runner
+    takes per-request lists, i.e. with synchronous scheduling. vLLM turns async scheduling on by default for
+    `dflash`; with such a policy we turn it off instead (one line), and an explicit `--async-scheduling` is
+    refused (one line)."""
+    spec = getattr(engine_args, "speculative_config", None)
+    if not isinstance(spec, dict) or spec.get("method") != "dflash":
+        return
+    from spec_plugins.vllm.settings import block_policy
+
+    if block_policy(getattr(engine_args, "additional_config", None)) is None:
+        return
+    if getattr(engine_args, "async_scheduling", None):
+        raise ValueError("scheduler_config.async_scheduling: a spec_plugins policy cuts DSpark drafts per request, "
+                         "which vLLM's runner takes only with synchronous scheduling: drop --async-scheduling, or "
+                         "drop additional_config.spec_plugins.policy to keep vLLM's fixed draft length")
+    if getattr(engine_args, "async_scheduling", False) is None:
+        engine_args.async_scheduling = False
+        logger.info("spec-plugins: async scheduling off: the spec_plugins policy cuts DSpark drafts per request "
+                    "(the runner takes per-request drafts only with synchronous scheduling)")
+
+
+def keep_batch_schedule(engine_args: Any, vllm_config: Any) -> None:
+    """vLLM 0.33 drops `num_speculative_tokens_per_batch_size` for `custom_class` on the V1 runner (its proposers
+    there do not apply it); ours do, so a schedule vLLM dropped travels on in `additional_config.spec_plugins`."""
+    spec, given = getattr(vllm_config, "speculative_config", None), getattr(engine_args, "speculative_config", None)
+    if (spec is None or getattr(spec, "method", None) != "custom_class" or not isinstance(given, dict)
+            or not str(getattr(spec, "model", "")).startswith("spec_plugins.")):
+        return
+    schedule = given.get("num_speculative_tokens_per_batch_size")
+    if not schedule or getattr(spec, "num_speculative_tokens_per_batch_size", None):
+        return
+    from spec_plugins.vllm.settings import SCHEDULE_KEY, SECTION, section_of
+
+    extra = dict(vllm_config.additional_config or {})
+    extra[SECTION] = {**section_of(extra), SCHEDULE_KEY: schedule}
+    vllm_config.additional_config = extra
+    logger.info("spec-plugins: num_speculative_tokens_per_batch_size kept for %s (vLLM drops it for custom_class on "
+                "the V1 runner; the spec-plugins proposer applies it per step)", spec.model)
+
+
+def _dspark_under_dflash(spec: Any) -> bool:
+    """A speculators DSpark checkpoint (registry architecture `Qwen3DSparkModel`) under `method: dflash`, which our
+    draft model drafts as DSpark on the V1 runner."""
+    if getattr(spec, "method", None) != "dflash":
+        return False
+    archs = getattr(getattr(spec, "draft_model_config", None), "architectures", None) or ()
+    return "Qwen3DSparkModel" in archs
+
+
+def install_runner_choice(config_cls: Any = None) -> bool:
+    """Wrap `VllmConfig._get_v2_model_runner_unsupported_features` once, so a DSpark checkpoint under
+    `method: dflash` takes the V1 runner (where our DSpark hooks run) the way vLLM sends 'suffix' and
+    'custom_class' there: vLLM's own selection logs the reason and picks V1. Installed by `register()` in every
+    vLLM process (the property is evaluated in each). Never raises."""
+    try:
+        if config_cls is None:
+            config_cls = getattr(sys.modules.get(CONFIG_MODULE), "VllmConfig", None)
+            if config_cls is None:
+                return False
+        if V2_ORIG in vars(config_cls):
+            return True
+        orig = vars(config_cls).get("_get_v2_model_runner_unsupported_features")
+        if orig is None:  # a vLLM without Model Runner V2 selection: nothing to steer
+            return False
+
+        @functools.wraps(orig)
+        def _get_v2_model_runner_unsupported_features(self: Any) -> list[str]:
+            unsupported = orig(self)
+            if _enabled and _dspark_under_dflash(getattr(self, "speculative_config", None)):
+                unsupported.append(DSPARK_V1_REASON)
+            return unsupported
+
+        setattr(config_cls, V2_ORIG, orig)
+        config_cls._get_v2_model_runner_unsupported_features = _get_v2_model_runner_unsupported_features
+        return True
+    except Exception as exc:
+        logger.warning("spec-plugins: could not steer DSpark checkpoints to the V1 runner (%s: %s); under method "
+                       "'dflash' on Model Runner V2 they draft as plain DFlash.", type(exc).__name__, exc)
+        return False
+
+
+FORCED_V2_ERROR = ("speculative_config.method: a DSpark checkpoint under 'dflash' drafts with spec-plugins on the V1 "
+                   "runner, and VLLM_USE_V2_MODEL_RUNNER=1 forces Model Runner V2, where it cannot: unset "
+                   "VLLM_USE_V2_MODEL_RUNNER, or use method 'dspark' (vLLM's own DSpark on Model Runner V2, vanilla "
+                   "Markov heads)")
 
 
 def _register_drafters() -> None:

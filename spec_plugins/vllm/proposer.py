@@ -89,10 +89,11 @@ class SpecPluginsProposer(RequestIdAware):
         s = self.settings
         if self._trace is not None:  # which engine a process's step lines belong to
             self._write({"start": s.proposer, "policy": s.policy, "k": self.num_speculative_tokens})
-        logger.info("spec-plugins: proposer %r %s, policy %r %s, K = %d%s; runner hook %s", s.proposer,
+        logger.info("spec-plugins: proposer %r %s, policy %r %s, K = %d%s; %s; runner hook %s", s.proposer,
                     s.proposer_options or "(defaults)", s.policy, s.policy_options or "(defaults)",
                     self.num_speculative_tokens,
-                    f", per batch size {self.batch_schedule}" if self.batch_schedule else "",
+                    f", per batch size {self.batch_schedule} (applied by spec-plugins)" if self.batch_schedule else "",
+                    runner_summary(vllm_config),
                     "installed (request ids and finishes reach the proposer)" if hooked else
                     "not installed (rows stand for requests)")
 
@@ -106,7 +107,9 @@ class SpecPluginsProposer(RequestIdAware):
         settings = settings_from_additional_config(getattr(vllm_config, "additional_config", None),
                                                    cls.fixed_proposer)
         proposer, policy = settings.build()
-        schedule = batch_size_schedule(getattr(spec, "num_speculative_tokens_per_batch_size", None))
+        # vLLM 0.33 drops the schedule for custom_class on V1; the plugin's front-end check keeps it in our section.
+        schedule = batch_size_schedule(settings.num_speculative_tokens_per_batch_size
+                                       or getattr(spec, "num_speculative_tokens_per_batch_size", None))
         if isinstance(policy, BindsModel):  # `policy: adaptive` with `hardware` alone: cost the engine's model
             policy.bind_model(vllm_config.model_config.hf_config.to_dict(), source="vLLM model_config.hf_config")
         return k, settings, proposer, policy, schedule
@@ -207,6 +210,18 @@ class SpecPluginsProposer(RequestIdAware):
 
     def _write(self, event: dict) -> None:
         self._trace.write(json.dumps({"pid": os.getpid(), **event}) + "\n")
+
+
+def runner_summary(vllm_config: Any) -> str:
+    """Which model runner and scheduling the engine chose, as vLLM's config says: e.g. "V1 model runner,
+    synchronous scheduling" (custom_class runs on V1, where vLLM turns async scheduling off for it)."""
+    try:
+        v2 = bool(vllm_config.use_v2_model_runner)
+    except Exception:  # a vLLM without the property has only the V1 runner
+        v2 = False
+    sched = getattr(getattr(vllm_config, "scheduler_config", None), "async_scheduling", None)
+    return (f"{'V2' if v2 else 'V1'} model runner, "
+            f"{'async' if sched else 'synchronous'} scheduling")
 
 
 def batch_size_schedule(value: Any) -> list[tuple[int, int, int]] | None:

