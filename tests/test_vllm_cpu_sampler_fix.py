@@ -22,7 +22,7 @@ def test_replacement_matches_the_triton_kernels_contract():
 
 
 @pytest.mark.parametrize("found, hit", [("0.32.0", True), ("0.32.1+cpu", True), ("0.31.2", False),
-                                        ("0.33.0", False), (None, False)])
+                                        ("0.33.0", True), ("0.34.0", False), (None, False)])
 def test_affected_versions(found, hit):
     assert cpu_sampler_fix.affected(found) is hit
 
