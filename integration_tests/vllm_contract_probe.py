@@ -145,6 +145,7 @@ def config(scenarios: list[dict]) -> dict:
             cfg = EngineArgs(**sc["args"]).create_engine_config()
             spec = cfg.speculative_config
             res.update(v2=bool(cfg.use_v2_model_runner), async_scheduling=cfg.scheduler_config.async_scheduling,
+                       cudagraph_mode=str(getattr(cfg.compilation_config.cudagraph_mode, "name", None)),
                        method=getattr(spec, "method", None),
                        vllm_schedule=getattr(spec, "num_speculative_tokens_per_batch_size", None),
                        section=(cfg.additional_config or {}).get("spec_plugins"))

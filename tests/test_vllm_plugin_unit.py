@@ -318,3 +318,67 @@ def test_front_end_check_stops_a_bad_section_where_the_config_is_built():
     assert EngineArgs(other).create_engine_config() is other
     foreign = config(bad, model="my_pkg.MyProposer")
     assert EngineArgs(foreign).create_engine_config() is foreign
+
+
+# ---------------------------------------------------------------- front end and runner choice (vLLM 0.33 paths)
+
+POLICY = {"spec_plugins": {"policy": "adaptive", "policy_options": {"hardware": "h100"}}}
+
+
+def _engine_args(async_scheduling=None, additional_config=POLICY, method="dflash"):
+    return SimpleNamespace(speculative_config={"method": method, "model": "/ckpt", "num_speculative_tokens": 6},
+                           additional_config=additional_config, async_scheduling=async_scheduling)
+
+
+def test_a_cutting_policy_turns_default_async_scheduling_off():
+    args = _engine_args()
+    plugin.prepare_engine_args(args)
+    assert args.async_scheduling is False
+
+
+def test_a_cutting_policy_refuses_explicit_async_scheduling():
+    with pytest.raises(ValueError, match=r"^scheduler_config\.async_scheduling: .*--async-scheduling"):
+        plugin.prepare_engine_args(_engine_args(async_scheduling=True))
+
+
+@pytest.mark.parametrize("args", [_engine_args(additional_config={}), _engine_args(method="custom_class"),
+                                  _engine_args(additional_config={"spec_plugins": {"policy": "fixed"}})])
+def test_async_scheduling_left_to_vllm_without_a_cutting_policy(args):
+    plugin.prepare_engine_args(args)
+    assert args.async_scheduling is None
+
+
+def _built(schedule=None, dp=1, model="spec_plugins.vllm.Ngram"):
+    spec = SimpleNamespace(method="custom_class", model=model, num_speculative_tokens_per_batch_size=schedule)
+    return SimpleNamespace(speculative_config=spec, additional_config={"spec_plugins": {"policy": "fixed"}},
+                           parallel_config=SimpleNamespace(data_parallel_size=dp))
+
+
+def test_a_schedule_vllm_dropped_travels_in_our_section():
+    given = SimpleNamespace(speculative_config={"num_speculative_tokens_per_batch_size": [[1, 4, 8], [5, 64, 2]]})
+    config = _built()
+    plugin.keep_batch_schedule(given, config)
+    assert config.additional_config["spec_plugins"] == {
+        "policy": "fixed", "num_speculative_tokens_per_batch_size": [[1, 4, 8], [5, 64, 2]]}
+    for kept_as_is in (_built(schedule=[[1, 64, 3]]), _built(dp=2), _built(model="my.Proposer")):
+        plugin.keep_batch_schedule(given, kept_as_is)
+        assert kept_as_is.additional_config == {"spec_plugins": {"policy": "fixed"}}
+
+
+def test_dspark_under_dflash_is_unsupported_on_model_runner_v2(monkeypatch):
+    class Config:
+        def __init__(self, method, archs):
+            self.speculative_config = SimpleNamespace(method=method,
+                                                      draft_model_config=SimpleNamespace(architectures=archs))
+
+        def _get_v2_model_runner_unsupported_features(self):
+            return ["something else"]
+
+    monkeypatch.setattr(plugin, "_enabled", True)
+    assert plugin.install_runner_choice(Config) and plugin.install_runner_choice(Config)  # idempotent
+    assert Config("dflash", ["Qwen3DSparkModel"])._get_v2_model_runner_unsupported_features() == [
+        "something else", plugin.DSPARK_V1_REASON]
+    for untouched in (Config("dflash", ["DFlashDraftModel"]), Config("dspark", ["Qwen3DSparkModel"])):
+        assert untouched._get_v2_model_runner_unsupported_features() == ["something else"]
+    monkeypatch.setattr(plugin, "_enabled", False)  # SPEC_PLUGINS_VLLM_PLUGIN=0: vLLM's choice stands
+    assert Config("dflash", ["Qwen3DSparkModel"])._get_v2_model_runner_unsupported_features() == ["something else"]

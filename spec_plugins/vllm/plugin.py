@@ -9,7 +9,15 @@ Three things, all inert until a spec-plugins proposer or drafter is in use, and 
   state (vLLM's `set_offset` rewind raises on CPU generators and stopped the engine);
 - `EngineArgs.create_engine_config` is wrapped (`install_front_end_check`) to check our
   `additional_config.spec_plugins` section where the config is built, in the front-end process, so a
-  bad section stops `vllm serve` before its engine processes start.
+  bad section stops `vllm serve` before its engine processes start; there too a batch-size schedule
+  vLLM 0.33 drops for `custom_class` is kept for our proposers, and async scheduling is turned off
+  for a policy that cuts DSpark drafts;
+- `VllmConfig._get_v2_model_runner_unsupported_features` is wrapped (`install_runner_choice`) so a
+  DSpark checkpoint under `method: dflash` takes the V1 runner, where its hooks run, the way vLLM
+  sends `suffix` and `custom_class` there (on a GPU, vLLM 0.33 would otherwise pick Model Runner V2).
+
+Every replaced attribute, with the vLLM versions it was checked against and its switch, is listed in
+`patches.py`; the contract tests check each against every supported vLLM's own code.
 
 1. `GPUModelRunner.propose_draft_token_ids` is wrapped (below) to hand the runner's request ids and
    finished requests to our `custom_class` proposers, and to let a spec-plugins policy cut the drafts
@@ -29,7 +37,7 @@ with batch rows only: no request ids, and no signal when a request ends. Rows ar
 reordered between steps (`InputBatch.add_request` fills holes, `condense()` moves the last rows
 into them), so row-keyed per-request state is blurred and never freed for sure.
 
-This plugin wraps one method, `GPUModelRunner.propose_draft_token_ids` (MRV1; `CPUModelRunner`
+The runner wrapper replaces `GPUModelRunner.propose_draft_token_ids` (MRV1; `CPUModelRunner`
 inherits it unchanged in 0.32 and 0.33, and `custom_class` always runs on MRV1). When, and only
 when, `self.drafter` is a `SpecPluginsProposer` (a `RequestIdAware`) or `self.drafter.model` is a
 `BlockDrafter` with a `policy_hook`, the wrapper, before calling the original:
@@ -301,6 +309,8 @@ def keep_batch_schedule(engine_args: Any, vllm_config: Any) -> None:
     schedule = given.get("num_speculative_tokens_per_batch_size")
     if not schedule or getattr(spec, "num_speculative_tokens_per_batch_size", None):
         return
+    if getattr(getattr(vllm_config, "parallel_config", None), "data_parallel_size", 1) > 1:
+        return  # vLLM drops it under data parallelism on purpose (ranks must agree on K); so do we
     from spec_plugins.vllm.settings import SCHEDULE_KEY, SECTION, section_of
 
     extra = dict(vllm_config.additional_config or {})
