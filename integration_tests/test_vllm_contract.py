@@ -178,12 +178,21 @@ def gpu_configs(python_for, tmp_path_factory):
     path.write_text(json.dumps(scenarios))
     report = probe(python, "config", str(path))
     assert report["device_type"] == "cuda"
+    report["scenarios"]["installed"] = report["installed"]
     return report["scenarios"]
 
 
 def _ok(result: dict) -> dict:
     assert "error" not in result, result["error"]
     return result
+
+
+def test_front_end_patches_install_and_cpu_fixes_stay_off_on_a_gpu(gpu_configs):
+    """register() ran in the front end (EngineArgs): the front-end check and the runner choice are installed; the
+    CPU fixes are not, on a CUDA platform. The runner patches install only inside a worker."""
+    assert {"front_end_check", "dspark_runner_v1"} <= set(gpu_configs["installed"])
+    assert not {"cpu_expand_kernel", "cpu_seed_rewind_sample", "cpu_seed_rewind_bookkeeping"} & set(
+        gpu_configs["installed"])
 
 
 def test_our_configs_run_on_the_v1_runner_with_synchronous_scheduling(gpu_configs):

@@ -165,6 +165,9 @@ def config(scenarios: list[dict]) -> dict:
                     os.environ[k] = v
         res["log"] = list(lines.lines)
         out["scenarios"][sc["name"]] = json.loads(json.dumps(res, default=str))
+    from spec_plugins.vllm import patches
+
+    out["installed"] = [p.name for p in patches.PATCHES if patches.installed(p)]
     return out
 
 

@@ -56,7 +56,8 @@ def test_block_hooks_shift_rows_and_walk_only_for_anchor_row_models():
     Proposer = proposer_class()
     orig_inputs, orig_sample = Proposer.set_inputs_first_pass, Proposer._sample_draft_tokens
     assert plugin.install_block_drafting(Proposer) and plugin.install_block_drafting(Proposer)  # idempotent
-    assert Proposer.__dict__[plugin.BLOCK_ORIG] == (orig_inputs, orig_sample)
+    assert Proposer.__dict__["_spec_plugins_orig_set_inputs_first_pass"] is orig_inputs
+    assert Proposer.__dict__["_spec_plugins_orig__sample_draft_tokens"] is orig_sample
     assert Proposer.set_inputs_first_pass.__wrapped__ is orig_inputs
 
     dspark = Block(anchor_rows=True)

@@ -42,6 +42,7 @@ import os
 import sys
 from typing import Any
 
+from spec_plugins.vllm import patches
 from spec_plugins.vllm.versions import version_in
 
 # A child of vLLM's logger: vLLM configures "vllm" (INFO, its format), so start-up lines show in its log.
@@ -51,7 +52,6 @@ ENV_SWITCH = "SPEC_PLUGINS_CPU_SAMPLER_FIX"
 AFFECTED = ((0, 32), (0, 33))  # vLLM versions whose CPU code has both defects (checked in their sources by the contract tests)
 MODULE = "vllm.utils.cpu_triton_utils"
 ATTR = "_expand_kernel_impl"
-SEED_ORIG = "_spec_plugins_orig_seed_rewind"  # (the runner's own _sample, _bookkeeping_sync)
 
 
 def expand_kernel(output: Any, input_val: Any, cu_num_tokens: Any, replace_from: Any, replace_to: Any,
@@ -90,9 +90,10 @@ def install(found: str | None) -> bool:
         import importlib
 
         module = sys.modules.get(MODULE) or importlib.import_module(MODULE)
-        if getattr(module, ATTR, None) is expand_kernel:
+        if patches.installed_on("cpu_expand_kernel", module):
             return True
-        setattr(module, ATTR, expand_kernel)
+        if not patches.replace("cpu_expand_kernel", module, lambda orig: expand_kernel):
+            return False
         logger.info("spec-plugins: replaced vLLM-CPU %s.%s (it writes the expanded temperatures into a dropped "
                     "int64 copy, so sampled speculative batches gave wrong tokens) with a torch version; "
                     "%s=0 keeps vLLM's.", MODULE, ATTR, ENV_SWITCH)
@@ -112,9 +113,8 @@ def install_seed_rewind(runner_cls: Any, found: str | None) -> bool:
     try:
         if not _applies(found):
             return False
-        if SEED_ORIG in vars(runner_cls):
+        if patches.installed_on("cpu_seed_rewind_bookkeeping", runner_cls):
             return True
-        sample, bookkeeping = runner_cls._sample, runner_cls._bookkeeping_sync
 
         def discarded_cpu_generators(runner: Any) -> dict[int, Any]:
             num_reqs = runner.input_batch.num_reqs
@@ -122,27 +122,33 @@ def install_seed_rewind(runner_cls: Any, found: str | None) -> bool:
             gens = runner.input_batch.generators
             return {int(i): gens[int(i)] for i in rows if int(i) in gens and gens[int(i)].device.type == "cpu"}
 
-        @functools.wraps(sample)
-        def _sample(self: Any, *args: Any, **kwargs: Any) -> Any:
-            self._spec_plugins_gen_states = {i: g.get_state() for i, g in discarded_cpu_generators(self).items()}
-            return sample(self, *args, **kwargs)
+        def wrap_sample(sample: Any) -> Any:
+            @functools.wraps(sample)
+            def _sample(self: Any, *args: Any, **kwargs: Any) -> Any:
+                self._spec_plugins_gen_states = {i: g.get_state() for i, g in discarded_cpu_generators(self).items()}
+                return sample(self, *args, **kwargs)
 
-        @functools.wraps(bookkeeping)
-        def _bookkeeping_sync(self: Any, *args: Any, **kwargs: Any) -> Any:
-            states = getattr(self, "_spec_plugins_gen_states", None) or {}
-            self._spec_plugins_gen_states = None
-            gens = self.input_batch.generators
-            hidden = {i: gens.pop(i) for i in list(states) if i in gens}  # vLLM's set_offset rewind skips them
-            try:
-                return bookkeeping(self, *args, **kwargs)
-            finally:
-                for i, gen in hidden.items():
-                    gen.set_state(states[i])  # the discarded draw never happened
-                    gens[i] = gen
+            return _sample
 
-        setattr(runner_cls, SEED_ORIG, (sample, bookkeeping))
-        runner_cls._sample = _sample
-        runner_cls._bookkeeping_sync = _bookkeeping_sync
+        def wrap_bookkeeping(bookkeeping: Any) -> Any:
+            @functools.wraps(bookkeeping)
+            def _bookkeeping_sync(self: Any, *args: Any, **kwargs: Any) -> Any:
+                states = getattr(self, "_spec_plugins_gen_states", None) or {}
+                self._spec_plugins_gen_states = None
+                gens = self.input_batch.generators
+                hidden = {i: gens.pop(i) for i in list(states) if i in gens}  # vLLM's set_offset rewind skips them
+                try:
+                    return bookkeeping(self, *args, **kwargs)
+                finally:
+                    for i, gen in hidden.items():
+                        gen.set_state(states[i])  # the discarded draw never happened
+                        gens[i] = gen
+
+            return _bookkeeping_sync
+
+        if not (patches.replace("cpu_seed_rewind_sample", runner_cls, wrap_sample)
+                and patches.replace("cpu_seed_rewind_bookkeeping", runner_cls, wrap_bookkeeping)):
+            return False
         logger.info("spec-plugins: seeded requests in chunked prefill: the discarded sample's draw is rewound by "
                     "generator state on vLLM-CPU (its set_offset rewind raises on CPU generators); %s=0 keeps "
                     "vLLM's.", ENV_SWITCH)

