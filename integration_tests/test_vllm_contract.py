@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from spec_plugins.vllm import plugin
+
 from .conftest import requires_vllm
 
 pytestmark = [requires_vllm, pytest.mark.vllm_contract]
@@ -57,8 +59,9 @@ def python_for():
     return get
 
 
-def probe(python: str, *args: str) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_LOGGING_LEVEL": "INFO", "TOKENIZERS_PARALLELISM": "false"}
+def probe(python: str, *args: str, env: dict | None = None) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_LOGGING_LEVEL": "INFO", "TOKENIZERS_PARALLELISM": "false",
+           **(env or {})}
     run = subprocess.run([python, str(PROBE), *args], capture_output=True, text=True, env=env, timeout=900)
     for line in run.stdout.splitlines():
         if line.startswith("PROBE-REPORT "):
@@ -143,6 +146,7 @@ def gpu_configs(python_for, tmp_path_factory):
     qwen3 = _target(folder / "qwen3", arch="qwen3")
     dspark = _drafter(folder / "drafts", qwen3, "dspark")
     dflash = _drafter(folder / "drafts", qwen3, "dflash")
+    gated = _drafter(folder / "drafts", qwen3, "dspark", head="gated")
     base = {"model": llama, "max_model_len": 512}
     qbase = {"model": qwen3, "max_model_len": 512}
     policy = {"spec_plugins": {"policy": "adaptive", "policy_options": {"hardware": "h100"}}}
@@ -179,6 +183,13 @@ def gpu_configs(python_for, tmp_path_factory):
     report = probe(python, "config", str(path))
     assert report["device_type"] == "cuda"
     report["scenarios"]["installed"] = report["installed"]
+    # Our exported checkpoints through vLLM's own classes and loader (the plugin off: vLLM's registry as shipped).
+    checks = [{"name": "dspark", "target": qwen3, "draft": dspark, "method": "dspark", "k": 6},
+              {"name": "dflash", "target": qwen3, "draft": dflash, "method": "dflash", "k": 7},
+              {"name": "dspark-gated", "target": qwen3, "draft": gated, "method": "dspark", "k": 6}]
+    path = folder / "loads.json"
+    path.write_text(json.dumps(checks))
+    report["scenarios"]["loads"] = probe(python, "load", str(path), env={plugin.ENV_SWITCH: "0"})
     return report["scenarios"]
 
 
@@ -258,6 +269,23 @@ def test_plain_dflash_and_native_dspark_stay_on_model_runner_v2(gpu_configs):
         result = _ok(gpu_configs[name])
         assert result["v2"] is True and not any("spec-plugins" in line for line in result["log"]), (name, result)
     assert gpu_configs["dspark-native"]["method"] == "dspark"
+
+
+def test_our_checkpoints_load_into_vllm_native_classes(gpu_configs):
+    """Weight-name level: vLLM 0.33's own DSpark / DFlash classes, built by its constructor, take every tensor of
+    our exported checkpoints. Left unloaded are only what vLLM fills from the target at load time (the shared
+    embedding and LM head) and the optional separate mask embedding (vLLM uses the mask token's embedding)."""
+    shared = {"lm_head.weight", "model.embed_tokens.weight", "model.mask_embedding"}
+    loads = gpu_configs["loads"]
+    assert loads["dspark"]["cls"].endswith("qwen3_dspark.Qwen3DSparkForCausalLM"), loads["dspark"]
+    assert loads["dflash"]["cls"].endswith("qwen3_dflash.DFlashQwen3ForCausalLM"), loads["dflash"]
+    gated = loads.pop("dspark-gated")  # vLLM's own DSpark heads are vanilla: a gated head is not its checkpoint
+    assert "error" in gated or gated["partly_loaded"] or set(gated["not_loaded"]) - shared, gated
+    for name, result in loads.items():
+        _ok(result)
+        assert result["v2"] is True, name
+        assert set(result["not_loaded"]) <= shared and not result["partly_loaded"], (name, result)
+        assert result["tensors"] > 10, (name, result)
 
 
 def test_k_norm_probe_never_runs_a_cpu_tensor_through_a_cuda_only_op(monkeypatch):

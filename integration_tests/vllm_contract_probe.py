@@ -2,6 +2,7 @@
 
     python integration_tests/vllm_contract_probe.py contract
     python integration_tests/vllm_contract_probe.py config SCENARIOS.json   (vLLM 0.33, a CUDA platform)
+    python integration_tests/vllm_contract_probe.py load CHECKS.json         (vLLM 0.33, a CUDA platform)
 
 `contract`: every entry of `spec_plugins.vllm.patches` (PATCHES and RELIES_ON) resolved in this vLLM, with the
 problems found (none when the contract holds), and whether this vLLM still has the CPU defects our fixes mend.
@@ -12,6 +13,11 @@ that library is left out and Triton is reported present; every decision reported
 scenario: the runner (`use_v2_model_runner`), async scheduling, the schedule vLLM kept, our section of
 `additional_config`, the start-up line our custom_class proposer logs when built from that config, vLLM's and
 our log lines, or the one-line error.
+
+`load`: for each (target, draft checkpoint, method), the draft model class vLLM's registry picks for that method,
+built on the CPU with vLLM's own constructor, every parameter set to NaN, then vLLM's own `load_weights` fed the
+checkpoint's tensors: the parameters left NaN are the ones the checkpoint did not fill. Compiled ops are only
+referenced at construction (a call would raise), so nothing runs but the loader.
 
 No assertions here: the tests (`test_vllm_contract.py`) read the report.
 """
@@ -171,13 +177,84 @@ def config(scenarios: list[dict]) -> dict:
     return out
 
 
+def _referenced_ops_only() -> None:
+    """vLLM's layers look their kernels up in `torch.ops._C` at construction; the stand-in returns a callable
+    that raises if called, so a model can be built and loaded but never run."""
+    import torch
+
+    class NoKernel:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def __call__(self, *args, **kwargs):
+            raise RuntimeError(f"stand-in: no kernel for _C::{self.name}")
+
+        def __getattr__(self, attr: str):  # overloads: torch.ops._C.op.default
+            return self
+
+    namespace = type(torch.ops._C)
+    lookup = namespace.__getattr__
+
+    def getattr_(self, name: str):
+        try:
+            return lookup(self, name)
+        except AttributeError:
+            if getattr(self, "name", None) == "_C" and not name.startswith("__"):
+                return NoKernel(name)
+            raise
+
+    namespace.__getattr__ = getattr_
+
+
+def load(checks: list[dict]) -> dict:
+    _stand_in_cuda()
+    import torch
+    from safetensors.torch import load_file
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.model_loader.utils import get_model_architecture
+
+    _referenced_ops_only()  # after vLLM's op registrations, which look the real ops up
+
+    out = {}
+    for i, check in enumerate(checks):
+        res: dict = {}
+        try:
+            cfg = EngineArgs(model=check["target"], max_model_len=256, speculative_config={
+                "method": check["method"], "model": check["draft"],
+                "num_speculative_tokens": check["k"]}).create_engine_config()
+            draft_config = cfg.speculative_config.draft_model_config
+            cls, arch = get_model_architecture(draft_config)
+            res.update(cls=f"{cls.__module__}.{cls.__qualname__}", arch=arch, v2=bool(cfg.use_v2_model_runner))
+            with set_current_vllm_config(cfg), torch.device("cpu"):
+                if i == 0:
+                    init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                                 distributed_init_method="tcp://127.0.0.1:29531")
+                    initialize_model_parallel(1, 1)
+                model = cls(vllm_config=cfg, prefix="draft_model")
+            with torch.no_grad():
+                for _, param in model.named_parameters():
+                    param.fill_(float("nan"))
+            tensors = load_file(f"{check['draft']}/model.safetensors")
+            model.load_weights(iter(tensors.items()))
+            res["tensors"] = len(tensors)
+            res["not_loaded"] = sorted(n for n, p in model.named_parameters() if torch.isnan(p).all())
+            res["partly_loaded"] = sorted(n for n, p in model.named_parameters()
+                                          if torch.isnan(p).any() and not torch.isnan(p).all())
+        except Exception as exc:
+            res["error"] = f"{type(exc).__name__}: {exc}"
+        out[check["name"]] = res
+    return out
+
+
 def main() -> None:
     logging.getLogger("vllm").setLevel(logging.WARNING)
     if sys.argv[1] == "contract":
         report = contract()
     else:
         with open(sys.argv[2]) as f:
-            report = config(json.load(f))
+            report = {"config": config, "load": load}[sys.argv[1]](json.load(f))
     print("PROBE-REPORT " + json.dumps(report))
 
 
