@@ -399,6 +399,43 @@ def test_stub_matches_the_published_base_class():
     assert describe(stub.Drafter) == PUBLISHED_DRAFTER_1_2
 
 
+# What the main line adds to the 1.2 `Drafter` (tests/trtllm_stub.py `MainLineDrafter`, and where it was read).
+MAIN_LINE_CHANGES = {
+    "pad_draft_tokens_for_cuda_graph": ([("self", E), ("scheduled_requests", E), ("resource_manager", None)],
+                                        False, True),
+    "cleanup_previous_draft_resources": ([("self", E)], False, False),
+    "should_forward_draft_model": ([("self", E), ("scheduled_batch", E)], False, False),
+    "generate_draft_tokens_with_overlap": ([("self", E), ("args", E), ("kwargs", E)], False, False),
+}
+
+
+def test_main_line_stub_is_the_12_base_plus_the_recorded_changes():
+    assert describe(stub.MainLineDrafter) == MAIN_LINE_CHANGES
+    assert stub.MainLineDrafter._needs_padding_kv_extension is False  # the base's default; ours sets it
+
+
+@pytest.mark.parametrize("proposer", PROPOSERS)
+def test_our_drafter_serves_the_main_line_base_unchanged(monkeypatch, proposer):
+    """Over the main line's `Drafter`: nothing abstract left, no final method or two-model hook overridden, the
+    KV extension for pads asked for, and the same drafts and outputs as over 1.2's."""
+    if not stub.install(monkeypatch, drafter_base=stub.MainLineDrafter):
+        pytest.skip("a real TensorRT-LLM is importable: the stand-in bases are not installed")
+    from spec_plugins.trtllm import drafter as module
+
+    cls = module.drafter_class()
+    assert issubclass(cls, stub.MainLineDrafter) and not cls.__abstractmethods__
+    for name in MAIN_LINE_CHANGES:
+        assert getattr(cls, name) is getattr(stub.MainLineDrafter, name), name
+    assert cls._needs_padding_kv_extension is True
+    main_line = run(cls(max_draft_len=K, proposer=proposer), seed=3)
+    monkeypatch.undo()
+    stub.install(monkeypatch)
+    v12 = run(module.drafter_class()(max_draft_len=K, proposer=proposer), seed=3)
+    assert outputs(main_line) == outputs(v12) and outputs(v12)
+    assert [r.drafts for r in main_line.log] == [r.drafts for r in v12.log]
+    assert any(r.drafts and any(r.drafts.values()) for r in v12.log)  # drafts were made
+
+
 def test_our_class_satisfies_the_base_class(trtllm, monkeypatch):
     from tensorrt_llm._torch.speculative.drafter import Drafter
 

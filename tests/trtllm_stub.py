@@ -219,6 +219,34 @@ class Drafter(ABC):
         pass
 
 
+# ---- speculative/drafter.py (main line, 1.3/1.4) -----------------------------------------------------------
+# What the main line changes in `Drafter`, as read in TensorRT-LLM's public sources without a commit id
+# (drafter.py after PR #10860, which added `OneModelDrafter`) and in shared/reference/trtllm-extension-points.md
+# section 1.3: three hooks with no-op defaults for the two-model `ModelDrafter`, a `resource_manager` argument
+# for the (still final) padding, and `_needs_padding_kv_extension` for drafters verified by TorchSampler.
+# `run_drafter_post` is gone in the newest sources; the executor here never calls it either way.
+
+
+class MainLineDrafter(Drafter):
+    _needs_padding_kv_extension: bool = False
+
+    @final
+    def pad_draft_tokens_for_cuda_graph(self, scheduled_requests: ScheduledRequests,
+                                        resource_manager: Optional[ResourceManager] = None) -> None:
+        for req in scheduled_requests.generation_requests:
+            missing = self._static_max_total_draft_tokens - get_draft_token_length(req)
+            req.py_draft_tokens.extend([0] * max(0, missing))
+
+    def cleanup_previous_draft_resources(self) -> None:
+        pass
+
+    def should_forward_draft_model(self, scheduled_batch: ScheduledRequests) -> bool:
+        return True
+
+    def generate_draft_tokens_with_overlap(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
 # ---- installing under TensorRT-LLM's module names --------------------------------------------------------
 
 MODULES: Dict[str, Dict[str, Any]] = {
@@ -243,12 +271,13 @@ def trtllm_installed() -> bool:
     return importlib.util.find_spec("tensorrt_llm") is not None
 
 
-def install(monkeypatch: Any) -> bool:
-    """Insert the stub modules (undone by monkeypatch) unless TensorRT-LLM is importable; True if installed."""
+def install(monkeypatch: Any, drafter_base: type = Drafter) -> bool:
+    """Insert the stub modules (undone by monkeypatch) unless TensorRT-LLM is importable; True if installed.
+    `drafter_base`: the `Drafter` to stand in (1.2's, or `MainLineDrafter`)."""
     if trtllm_installed():
         return False
     modules = {}
-    for name, attrs in MODULES.items():
+    for name, attrs in {**MODULES, "tensorrt_llm._torch.speculative.drafter": {"Drafter": drafter_base}}.items():
         mod = types.ModuleType(name, "TensorRT-LLM 1.2 stand-in (tests/trtllm_stub.py)")
         mod.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
         mod.__path__ = []
