@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -271,8 +272,6 @@ def installed_on(patch: Patch | str, owner: Any) -> bool:
 
 def installed(patch: Patch) -> bool:
     """Whether our replacement of `patch.target` is in place in this process (without importing anything)."""
-    import sys
-
     owner: Any = sys.modules.get(patch.module)
     for part in patch.path[:-1]:
         owner = getattr(owner, part, None)
@@ -287,7 +286,7 @@ def by_name(name: str) -> Patch:
 
 
 def markdown_table() -> str:
-    """The registry as the README's table."""
+    """The registry as the table in docs/vllm-on-gpu.md (a test keeps the two equal)."""
     rows = ["| patch | vLLM attribute | checked on | why | off switch |", "|---|---|---|---|---|"]
     for p in PATCHES:
         versions = ", ".join(f"{a}.{b}" for a, b in p.versions)
