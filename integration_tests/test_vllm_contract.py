@@ -70,19 +70,21 @@ def probe(python: str, *args: str, env: dict | None = None) -> dict:
 
 
 @pytest.fixture(scope="module")
-def contract_reports(python_for):
-    return {}
+def contract_of(python_for):
+    """The contract probe's report for a version, run once per module."""
+    reports: dict[str, dict] = {}
 
+    def get(version: str) -> dict:
+        if version not in reports:
+            reports[version] = probe(python_for(version), "contract")
+        return reports[version]
 
-def _contract(python_for, reports: dict, version: str) -> dict:
-    if version not in reports:
-        reports[version] = probe(python_for(version), "contract")
-    return reports[version]
+    return get
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_every_vllm_name_we_rely_on_exists_as_assumed(python_for, contract_reports, version):
-    report = _contract(python_for, contract_reports, version)
+def test_every_vllm_name_we_rely_on_exists_as_assumed(contract_of, version):
+    report = contract_of(version)
     assert report["version"].startswith(version + ".")
     broken = [p for problems in report["problems"].values() for p in problems]
     assert not broken, f"vLLM {report['version']}:\n" + "\n".join(broken)
@@ -92,8 +94,8 @@ def test_every_vllm_name_we_rely_on_exists_as_assumed(python_for, contract_repor
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_version_guards_agree_with_the_code_found(python_for, contract_reports, version):
-    report = _contract(python_for, contract_reports, version)
+def test_version_guards_agree_with_the_code_found(contract_of, version):
+    report = contract_of(version)
     assert report["plugin_supported"], f"vLLM {report['version']} is contract-tested but not in plugin.SUPPORTED"
     # The CPU fixes apply exactly where the defects they mend are in vLLM's source.
     assert report["cpu_fix_affected"] == report["defects"]["cpu_expand_kernel"], report

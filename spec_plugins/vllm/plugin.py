@@ -278,11 +278,12 @@ def prepare_engine_args(engine_args: Any) -> None:
 
     if block_policy(getattr(engine_args, "additional_config", None)) is None:
         return
-    if getattr(engine_args, "async_scheduling", None):
+    asked = getattr(engine_args, "async_scheduling", False)  # None: vLLM's default, decided later
+    if asked:
         raise ValueError("scheduler_config.async_scheduling: a spec_plugins policy cuts DSpark drafts per request, "
                          "which vLLM's runner takes only with synchronous scheduling: drop --async-scheduling, or "
                          "drop additional_config.spec_plugins.policy to keep vLLM's fixed draft length")
-    if getattr(engine_args, "async_scheduling", False) is None:
+    if asked is None:
         engine_args.async_scheduling = False
         logger.info("spec-plugins: async scheduling off: the spec_plugins policy cuts DSpark drafts per request "
                     "(the runner takes per-request drafts only with synchronous scheduling)")
