@@ -7,7 +7,7 @@ Starts `vllm serve` on 127.0.0.1 (free port, float32, --enforce-eager, `spec_plu
 with K drafts and a small `max_cached_requests`, so the global tree's bound is exercised), then runs
 `--clients` threads that send the workload prompts (benchmarks/workloads, cycling; greedy and sampled
 alternately; chat and plain completions) until the deadline. Meanwhile it samples the server process
-tree's RSS and PSS and tails the proposer's trace (SPEC_PLUGINS_TRACE_FILE; every `trace_stats_every`
+tree's RSS and PSS and tails the proposer's trace (SPEC_PLUGINS_TRACE_FILE; every `StepTrace.stats_every`
 steps a line carries the suffix tree's `stats()`). Every greedy answer is compared with the first
 greedy answer the same server gave for that prompt (the first few are taken one at a time, before
 the load starts). Targets: 0 failed requests, RSS growth <= 5% from the end of warm-up (the first

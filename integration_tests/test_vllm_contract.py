@@ -100,6 +100,7 @@ def test_version_guards_agree_with_the_code_found(contract_of, version):
     # The CPU fixes apply exactly where the defects they mend are in vLLM's source.
     assert report["cpu_fix_affected"] == report["defects"]["cpu_expand_kernel"], report
     assert report["cpu_fix_affected"] == report["defects"]["cpu_seed_rewind"], report
+    assert report["min_tokens_fix_affected"] == report["defects"]["min_tokens_bonus"], report
 
 
 def test_every_checked_version_is_tested_here():

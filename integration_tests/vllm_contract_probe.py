@@ -52,7 +52,7 @@ def contract() -> dict:
 
     import vllm
 
-    from spec_plugins.vllm import cpu_sampler_fix, patches, plugin
+    from spec_plugins.vllm import cpu_sampler_fix, min_tokens_fix, patches, plugin
 
     report = {"version": vllm.__version__, "problems": {}}
     for entry in patches.PATCHES + patches.RELIES_ON:
@@ -60,13 +60,17 @@ def contract() -> dict:
             patches.problems(entry)
     _, expand = patches.resolve(patches.by_name("cpu_expand_kernel").target)
     _, bookkeeping = patches.resolve(patches.by_name("cpu_seed_rewind_bookkeeping").target)
+    _, bonus = patches.resolve(patches.by_name("min_tokens_bonus").target)
     report["defects"] = {
         # the expand kernel converts its float output to a dropped int64 copy
         "cpu_expand_kernel": "_ensure_int64(output)" in inspect.getsource(patches.original(expand)),
         # the rewind of a discarded sample's generator by offset, which CPU generators do not have
         "cpu_seed_rewind": "set_offset" in inspect.getsource(patches.original(bookkeeping)),
+        # the bonus token's logits processors run with no word of this step's drafts (min_tokens by output length)
+        "min_tokens_bonus": "processor.apply(logits)" in inspect.getsource(patches.original(bonus)),
     }
     report["cpu_fix_affected"] = cpu_sampler_fix.affected(vllm.__version__)
+    report["min_tokens_fix_affected"] = min_tokens_fix.affected(vllm.__version__)
     report["plugin_supported"] = plugin._supported(vllm.__version__)
     return report
 

@@ -223,7 +223,7 @@ def test_trace_file_records_rows_and_finishes(monkeypatch, tmp_path):
     assert 0 < lines[1]["proposer_us"] < lines[1]["us"]
     assert [{k: v for k, v in e.items() if k not in ("pid", "t", "us", "proposer_us")} for e in lines] == [
         {"start": "ngram", "policy": "fixed", "k": 3}, {"step": 1, "rows": ["a"], "tracked": 1, "drafted": [0]},
-        {"finish": "a", "why": "finished"}]
+        {"finish": "a", "why": "finished", "tracked": 0}]
 
 
 def test_trace_carries_the_adaptive_policys_step_fit(monkeypatch, tmp_path):
@@ -231,7 +231,9 @@ def test_trace_carries_the_adaptive_policys_step_fit(monkeypatch, tmp_path):
 
     trace = tmp_path / "trace.jsonl"
     monkeypatch.setenv("SPEC_PLUGINS_TRACE_FILE", str(trace))
-    monkeypatch.setattr(SpecPluginsProposer, "trace_stats_every", 2)
+    from spec_plugins.vllm.proposer import StepTrace
+
+    monkeypatch.setattr(StepTrace, "stats_every", 2)
     cfg = vllm_config()
     cfg.model_config.hf_config = SimpleNamespace(to_dict=dict)  # the profile costs the steps; the model is unused
     cfg.additional_config = {"spec_plugins": {"proposer": "suffix_tree", "policy": "adaptive", "policy_options": {

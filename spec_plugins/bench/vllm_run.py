@@ -56,6 +56,10 @@ class RunResult:
     num_accepted_tokens: int = 0
     error: str | None = None
     step_seconds: list[float] = field(default_factory=list)  # each engine-core step of the call, in order
+    num_preemptions: int = 0
+    # generate(..., detail=True): per request, every completion (n > 1) with its finish reason and sampled-token
+    # logprobs, and the prompt's logprobs (see `_details`)
+    details: list[dict] | None = None
 
     @property
     def tokens_per_s(self) -> float:
@@ -92,15 +96,19 @@ class Engine:
         self._expect("ready")
 
     def generate(self, prompts: list[Any] | None = None, max_tokens: int | None = None,
-                 params: list[dict] | None = None) -> RunResult:
+                 params: list[dict] | None = None, detail: bool = False) -> RunResult:
         """Generate for the spec's prompts and max_tokens, or for these instead (same engine).
 
         params: one dict of `SamplingParams` fields per prompt (e.g. temperature, seed), over the spec's
-        defaults; greedy and sampled requests can share one batch this way."""
-        if prompts is None and max_tokens is None and params is None:
+        defaults; greedy and sampled requests can share one batch this way. A `structured_outputs` dict
+        becomes vLLM's `StructuredOutputsParams`.
+        detail: fill `RunResult.details`; and a call vLLM refuses (bad sampling parameters) comes back as a
+        result whose `error` is vLLM's message, with the engine still serving."""
+        if prompts is None and max_tokens is None and params is None and not detail:
             self._conn.send("generate")
         else:
-            self._conn.send(("generate", {"prompts": prompts, "max_tokens": max_tokens, "params": params}))
+            self._conn.send(("generate", {"prompts": prompts, "max_tokens": max_tokens, "params": params,
+                                          "detail": detail}))
         return RunResult(**self._expect("result"))
 
     def close(self) -> None:
@@ -191,13 +199,30 @@ def run_side_by_side(specs: list[EngineRun], repeats: int = 3, on_start: Any = N
             engine.close()
 
 
+_COUNTERS = {"num_drafts": "vllm:spec_decode_num_drafts", "num_draft_tokens": "vllm:spec_decode_num_draft_tokens",
+             "num_accepted_tokens": "vllm:spec_decode_num_accepted_tokens", "num_preemptions": "vllm:num_preemptions"}
+
+
 def _spec_metrics(llm: Any) -> dict[str, int]:
-    totals = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
+    totals = dict.fromkeys(_COUNTERS, 0)
+    names = {name: key for key, name in _COUNTERS.items()}
     for metric in llm.get_metrics():
-        for key in totals:
-            if metric.name == f"vllm:spec_decode_{key}":
-                totals[key] += int(getattr(metric, "value", 0))
+        if metric.name in names:
+            totals[names[metric.name]] += int(getattr(metric, "value", 0))
     return totals
+
+
+def _logprobs(positions: Any) -> list[dict[int, float]] | None:
+    if positions is None:
+        return None
+    return [None if p is None else {int(t): float(lp.logprob) for t, lp in p.items()} for p in positions]
+
+
+def _details(outputs: list[Any]) -> list[dict]:
+    """Per request: {"outputs": [{"token_ids", "text", "finish_reason", "logprobs"}, ...], "prompt_logprobs"}."""
+    return [{"outputs": [{"token_ids": list(c.token_ids), "text": c.text, "finish_reason": c.finish_reason,
+                          "logprobs": _logprobs(c.logprobs)} for c in o.outputs],
+             "prompt_logprobs": _logprobs(o.prompt_logprobs)} for o in outputs]
 
 
 def _serve(conn: Any, spec_dict: dict, log_path: str) -> None:
@@ -212,16 +237,30 @@ def _serve(conn: Any, spec_dict: dict, log_path: str) -> None:
         conn.send(("ready", None))
         while True:
             msg = conn.recv()  # "generate", ("generate", overrides) or "close"
+            detail = False
             if msg == "generate":
                 prompts, params = default_prompts, default_params
             elif isinstance(msg, tuple) and msg[0] == "generate":
-                prompts, params = _call_inputs(llm, spec, msg[1])
+                detail = bool(msg[1].get("detail"))
+                try:
+                    prompts, params = _call_inputs(llm, spec, msg[1])
+                except Exception as exc:  # SamplingParams refused them
+                    if not (detail and _refused(exc)):
+                        raise
+                    conn.send(("result", asdict(RunResult([], [], 0.0, 0, error=f"{type(exc).__name__}: {exc}"))))
+                    continue
             else:
                 break
             before = _spec_metrics(llm)
             steps.clear()
             start = time.perf_counter()
-            outputs = llm.generate(prompts, params, use_tqdm=False)
+            try:
+                outputs = llm.generate(prompts, params, use_tqdm=False)
+            except Exception as exc:  # the engine refused a request; it keeps serving
+                if not (detail and _refused(exc)):
+                    raise
+                conn.send(("result", asdict(RunResult([], [], 0.0, 0, error=f"{type(exc).__name__}: {exc}"))))
+                continue
             seconds = time.perf_counter() - start
             after = _spec_metrics(llm)
             token_ids = [list(o.outputs[0].token_ids) for o in outputs]
@@ -232,6 +271,7 @@ def _serve(conn: Any, spec_dict: dict, log_path: str) -> None:
                 output_tokens=sum(len(t) for t in token_ids),
                 **{k: after[k] - before[k] for k in after},
                 step_seconds=list(steps),
+                details=_details(outputs) if detail else None,
             )
             conn.send(("result", asdict(result)))
     except Exception as exc:  # reported to the parent with the log tail; the parent raises
@@ -240,6 +280,12 @@ def _serve(conn: Any, spec_dict: dict, log_path: str) -> None:
             causes.append(f"{type(e).__name__}: {e}")
             e = e.__cause__ or e.__context__
         conn.send(("error", " <- ".join(causes)))
+
+
+def _refused(exc: Exception) -> bool:
+    """A request vLLM turned down (bad parameters: a 4xx under `vllm serve`), not an engine failure."""
+    return isinstance(exc, (ValueError, TypeError)) or any(
+        c.__name__ == "VLLMClientError" for c in type(exc).__mro__)
 
 
 def _record_steps(llm: Any) -> list[float]:
@@ -274,6 +320,10 @@ def _params(spec: EngineRun, max_tokens: int, **fields: Any) -> Any:
     from vllm import SamplingParams
 
     defaults = dict(max_tokens=max_tokens, temperature=spec.temperature, seed=spec.seed, ignore_eos=spec.ignore_eos)
+    if isinstance(fields.get("structured_outputs"), dict):
+        from vllm.sampling_params import StructuredOutputsParams
+
+        fields["structured_outputs"] = StructuredOutputsParams(**fields["structured_outputs"])
     return SamplingParams(**{**defaults, **fields})
 
 

@@ -44,6 +44,7 @@ from spec_plugins.drafting import DraftingLayer, EngineDrafts
 from spec_plugins.proposers.dspark.heads import MARKOV_HEAD_TYPES, ConfidenceHead, MarkovHead, walk_block
 from spec_plugins.proposers.dspark.loader import load_module_tensors
 from spec_plugins.vllm import plugin
+from spec_plugins.vllm.proposer import StepTrace
 from spec_plugins.vllm.settings import block_policy
 
 logger = logging.getLogger(__name__)
@@ -138,6 +139,7 @@ class DFlashDraft(DFlashQwen3ForCausalLM, BlockDraftHooks):
     def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         self._spec_plugins_setup(vllm_config, f"DFlash drafter {self.draft_model_config.model}")
+        plugin.install()  # the runner's fixes (seeded chunked prefill, min_tokens at the bonus position)
 
 
 class DSparkDraft(Qwen3DSparkForCausalLM, BlockDraftHooks):
@@ -247,8 +249,13 @@ class DraftPolicy(plugin.RequestIdAware):
     def __init__(self, policy: Any, model: DSparkDraft, hf_config: Any) -> None:
         self.model = model
         self.given = EngineDrafts()
-        self.layer = DraftingLayer(self.given, policy, who="draft model 'dspark'", clock=time.perf_counter)
+        self.trace = StepTrace.from_env()
+        self.layer = DraftingLayer(self.given, policy, who="draft model 'dspark'", clock=time.perf_counter,
+                                   on_finish=self.trace.finish if self.trace else None)
         self.layer.bind_model(hf_config.to_dict(), source="vLLM model_config.hf_config")
+        if self.trace is not None:
+            self.trace.start(self.layer, "dspark", getattr(policy, "name", type(policy).__name__),
+                             int(getattr(model, "num_speculative_tokens", 0)))
         self._warned_async = False
 
     def finish(self, req_id: Any, why: str = "finished") -> None:
@@ -266,6 +273,7 @@ class DraftPolicy(plugin.RequestIdAware):
                 logger.warning("spec-plugins: async scheduling is on, so the spec_plugins policy does not cut DSpark "
                                "drafts (--no-async-scheduling lets it)")
             return drafts
+        start = time.perf_counter()
         n, k = drafts.shape
         ids = list(self.row_req_ids[:n])
         if torch.is_tensor(sampled_token_ids):  # padded: rejected slots hold -1
@@ -282,6 +290,8 @@ class DraftPolicy(plugin.RequestIdAware):
         out = self.layer.step([ids[i] for i in live.tolist()], batch.token_ids_cpu, lens, rows=live,
                               num_new=np.minimum(counts[live], lens), accepted=counts[live] - 1, max_draft=k,
                               present=[ids[i] for i in np.flatnonzero(counts == 0).tolist()])
+        if self.trace is not None:
+            self.trace.step(ids, start, out.lengths)
         lists: list[list[int]] = [[] for _ in range(n)]
         for i, draft in zip(live.tolist(), out.lists()):
             lists[i] = draft

@@ -29,6 +29,7 @@ ALL = tuple(CHECKED_VERSIONS)
 
 PLUGIN_SWITCH = "SPEC_PLUGINS_VLLM_PLUGIN"
 CPU_FIX_SWITCH = "SPEC_PLUGINS_CPU_SAMPLER_FIX"
+MIN_TOKENS_FIX_SWITCH = "SPEC_PLUGINS_MIN_TOKENS_FIX"
 RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
 DFLASH_PROPOSER = "vllm.v1.spec_decode.dflash:DFlashProposer"
 
@@ -76,6 +77,10 @@ PATCHES: tuple[Patch, ...] = (
           "spec-plugins policy cut our DSpark draft model's drafts per request",
           PLUGIN_SWITCH, "plugin.install(), from our proposer's / DSpark draft model's constructor in the worker",
           ("self", "scheduler_output", "sampled_token_ids")),
+    Patch("runner_request_removed", f"{RUNNER}._on_request_state_removed", ALL,
+          "frees a finished request's state in our proposers when the runner drops it, also in the step that drains "
+          "the batch, after which no propose call comes", PLUGIN_SWITCH, "plugin.install(), with runner_request_ids",
+          ("self", "req_id", "req_state")),
     Patch("front_end_check", "vllm.engine.arg_utils:EngineArgs.create_engine_config", ALL,
           "checks additional_config.spec_plugins where the config is built (one line before any engine process "
           "starts), keeps a batch-size schedule vLLM drops for custom_class, and turns async scheduling off for a "
@@ -107,6 +112,11 @@ PATCHES: tuple[Patch, ...] = (
           "keeps a discarded chunked-prefill sample's CPU generator state (vLLM's set_offset rewind raises on CPU "
           "generators and stopped the engine; CPU platform only)", CPU_FIX_SWITCH,
           "cpu_sampler_fix.install_seed_rewind(), with runner_request_ids", ("self",)),
+    Patch("min_tokens_bonus", "vllm.v1.sample.sampler:Sampler.apply_logits_processors", ALL,
+          "the bonus token after a fully accepted draft is sampled with stop tokens masked by the request's output "
+          "length before the draft, so min_tokens ran past a stop token; requests whose drafts reach min_tokens are "
+          "left unmasked there", MIN_TOKENS_FIX_SWITCH, "min_tokens_fix.install(), with runner_request_ids",
+          ("self", "logits", "sampling_metadata", "predict_bonus_token")),
     Patch("cpu_seed_rewind_bookkeeping", f"{RUNNER}._bookkeeping_sync", ALL,
           "restores that state instead of vLLM's set_offset rewind (CPU platform only)", CPU_FIX_SWITCH,
           "cpu_sampler_fix.install_seed_rewind(), with runner_request_ids", ("self", "scheduler_output")),
@@ -118,6 +128,14 @@ RELIES_ON: tuple[Relied, ...] = (
     Relied(f"{RUNNER}.propose_draft_token_ids", "calls a custom_class proposer's propose with these row columns",
            contains=("custom_class", ".propose(", "self.input_batch.num_tokens_no_spec",
                      "self.input_batch.token_ids_cpu")),
+    Relied(f"{RUNNER}._update_states", "drops every finished request through _on_request_state_removed, also in a "
+           "step with nothing scheduled", contains=("self._on_request_state_removed(req_id",)),
+    Relied("vllm.v1.sample.logits_processor.builtin:MinTokensLogitsProcessor.update_state",
+           "the stop-token mask indices our min_tokens mend filters", assigns=("logits_slice", "restore_logits_slice")),
+    Relied("vllm.v1.sample.logits_processor.builtin:MinTokensLogitsProcessor.__init__",
+           "per-row (min_tokens, output ids, stop ids, structured) entries", assigns=("min_toks",)),
+    Relied("vllm.v1.sample.metadata:SamplingMetadata", "this step's drafts per row, the logits processors",
+           fields=("spec_token_ids", "logitsprocs")),
     Relied("vllm.v1.worker.gpu_input_batch:InputBatch.__init__", "row columns our adapters read",
            assigns=("token_ids_cpu", "num_tokens_no_spec", "generators")),
     Relied("vllm.v1.worker.gpu_input_batch:InputBatch.req_ids", "request id of each batch row"),

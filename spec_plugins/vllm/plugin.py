@@ -53,9 +53,11 @@ when, `self.drafter` is a `SpecPluginsProposer` (a `RequestIdAware`) or `self.dr
   batch between bookkeeping and drafting (condense/reorder happen in `_update_states`, at the start
   of the step). After `condense()` the list is trimmed to `num_reqs`, so it has no `None` holes.
 
-Some ends are still never reported to a `propose` call (the finishes carried by the empty step that
-drains the batch, steps where the runner skips the drafter); the drafting layer bounds its
-per-request state itself (`DraftingLayer.sweep`).
+The finishes carried by the empty step that drains the batch reach no `propose` call, so
+`GPUModelRunner._on_request_state_removed` (the runner's own hook, called by `_update_states` for every
+finished request, also when nothing is scheduled) is wrapped to finish them there; once the load stops
+nothing stays tracked. Where ends still go unreported (a runner without that hook), the drafting layer
+bounds its per-request state itself (`DraftingLayer.sweep`).
 
 Where `register()` runs: vLLM calls `load_general_plugins()` (once per process) from
 `EngineArgs.__post_init__` (front end), `EngineCore.__init__` (engine-core process) and
@@ -196,13 +198,19 @@ def install(runner_cls: Any = None) -> bool:
             runner_cls = getattr(sys.modules.get(RUNNER_MODULE), "GPUModelRunner", None)
             if runner_cls is None:  # not inside a vLLM runner (e.g. unit tests): nothing to patch
                 return False
+        # Ends reach the proposer where the runner drops the request (also in the step that drains the batch);
+        # the propose wrapper hands them over too, for a runner without that hook.
+        patches.replace("runner_request_removed", runner_cls, _wrap_removed)
         if not patches.replace("runner_request_ids", runner_cls, _wrap):
             logger.warning("spec-plugins: %s.propose_draft_token_ids not found; per-request state falls back to row "
                            "keys.", runner_cls.__name__)
             return False
-        from spec_plugins.vllm import cpu_sampler_fix
+        from spec_plugins.vllm import cpu_sampler_fix, min_tokens_fix
 
         cpu_sampler_fix.install_seed_rewind(runner_cls, _vllm_version())
+        sampler_cls = getattr(sys.modules.get(min_tokens_fix.SAMPLER_MODULE), "Sampler", None)
+        if sampler_cls is not None:
+            min_tokens_fix.install(sampler_cls, _vllm_version())
         return True
     except Exception as exc:
         logger.warning("spec-plugins: could not patch the vLLM model runner (%s: %s); per-request state "
@@ -433,13 +441,29 @@ def hand_over(drafter: RequestIdAware, req_ids: Any, scheduler_output: Any) -> N
     drafter.row_req_ids = list(req_ids)
 
 
+def _served(runner: Any) -> tuple[Any, Any]:
+    """(what keeps per-request state in this runner: our proposer or our DSpark policy hook, or None; the hook)."""
+    drafter = getattr(runner, "drafter", None)
+    model = getattr(drafter, "model", None)  # vLLM's DFlashProposer holds its draft model here
+    hook = model.policy_hook if isinstance(model, BlockDrafter) else None
+    return (drafter if isinstance(drafter, RequestIdAware) else hook), hook
+
+
+def _wrap_removed(orig: Any) -> Any:
+    @functools.wraps(orig)
+    def _on_request_state_removed(self: Any, req_id: Any, req_state: Any, *args: Any, **kwargs: Any) -> Any:
+        served, _ = _served(self)
+        if served is not None:
+            served.finish(req_id)
+        return orig(self, req_id, req_state, *args, **kwargs)
+
+    return _on_request_state_removed
+
+
 def _wrap(orig: Any) -> Any:
     @functools.wraps(orig)
     def propose_draft_token_ids(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
-        drafter = getattr(self, "drafter", None)
-        model = getattr(drafter, "model", None)  # vLLM's DFlashProposer holds its draft model here
-        hook = model.policy_hook if isinstance(model, BlockDrafter) else None
-        served = drafter if isinstance(drafter, RequestIdAware) else hook
+        served, hook = _served(self)
         if served is not None:
             req_ids = getattr(getattr(self, "input_batch", None), "req_ids", None)
             if req_ids is None:  # not the runner we know: leave the adapter on row keys

@@ -23,13 +23,14 @@ Request ids: vLLM passes none. With the `vllm.general_plugins` entry point (`plu
 sets `row_req_ids` before every call and calls `finish(req_id)` for finished and preempted requests;
 without it rows stand for requests ("row-3"). Either way per-request state is bounded: see `_sweep`.
 
-`SPEC_PLUGINS_TRACE_FILE=PATH` appends one JSON line per step (`{"pid", "step", "rows", "tracked", "drafted",
-"t", "us", "proposer_us"}`: `drafted` the draft lengths of the rows that drafted, `t` when the step's drafting
-began, `us` the host time it took, `proposer_us` the part of it inside the proposer's drafting call (the rest is
-the ledger, the policy and this adapter);
-every `trace_stats_every` steps also `"stats"` and `"policy_stats"`: the proposer's and the policy's `stats()`,
-where they have one) and per freed
-request (`{"pid", "finish", "why"}`) to PATH, after one `{"pid", "start", "policy", "k"}` line per engine; the integration tests and benchmarks/soak.py read it.
+`SPEC_PLUGINS_TRACE_FILE=PATH` (`StepTrace`) appends to PATH, after one `{"pid", "start", "policy", "k"}` line per
+engine, one JSON line per step (`{"pid", "step", "rows", "tracked", "drafted", "t", "us", "proposer_us"}`: `drafted`
+the draft lengths of the rows that drafted, `t` when the step's drafting began, `us` the host time it took,
+`proposer_us` the part of it inside the proposer's drafting call (the rest is the ledger, the policy and this
+adapter); every `StepTrace.stats_every` steps also `"stats"` and `"policy_stats"`: the proposer's and the policy's
+`stats()`, where they have one) and one per freed request (`{"pid", "finish", "why", "tracked"}`: `tracked` the
+requests still held after it). Our DSpark draft model's policy writes the same lines. The integration tests and
+benchmarks/soak.py read them.
 
 This module must not import numba/llvmlite (it breaks vLLM's CPU engine start) nor vLLM itself.
 """
@@ -61,23 +62,19 @@ class SpecPluginsProposer(RequestIdAware):
     fixed_proposer: ClassVar[str | None] = None
     # A request absent from the batch for more than this many steps is finished (DraftingLayer.sweep).
     stale_steps: ClassVar[int] = 16
-    # With the trace on, every this many steps the step line also carries the proposer's `stats()`.
-    trace_stats_every: ClassVar[int] = 20
 
     def __init__(self, vllm_config: Any) -> None:
         self.num_speculative_tokens, self.settings, proposer, policy, self.batch_schedule = self.build(vllm_config)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
-        trace = os.environ.get(TRACE_ENV)
-        self._trace = open(trace, "a", buffering=1) if trace else None
+        self._trace = StepTrace.from_env()
         self.drafting = DraftingLayer(proposer, policy, who=f"proposer {self.settings.proposer!r}",
                                       stale_steps=self.stale_steps,
-                                      on_finish=self._traced_finish if self._trace else None,
+                                      on_finish=self._trace.finish if self._trace else None,
                                       clock=time.perf_counter)
         # vLLM's DeviceConfig.device_type ("cuda", "cpu", ...): work a proposer leaves running between steps is
         # free beside an accelerator's forward, and competes with the forward on a CPU engine.
         device = getattr(getattr(vllm_config, "device_config", None), "device_type", None) or "cpu"
         self.drafting.engine_on_accelerator(device != "cpu")
-        self.drafting.time_proposer = self._trace is not None
         # Request ids per batch row, set by the plugin's runner wrapper before each propose(). Without
         # them a row stands for its request; rows are reused and reordered between steps, which only
         # blurs per-request state (our proposers see the whole context every step).
@@ -87,8 +84,8 @@ class SpecPluginsProposer(RequestIdAware):
         # process) wrap the runner now, before its first step.
         hooked = install()
         s = self.settings
-        if self._trace is not None:  # which engine a process's step lines belong to
-            self._write({"start": s.proposer, "policy": s.policy, "k": self.num_speculative_tokens})
+        if self._trace is not None:
+            self._trace.start(self.drafting, s.proposer, s.policy, self.num_speculative_tokens)
         logger.info("spec-plugins: proposer %r %s, policy %r %s, K = %d%s; %s; runner hook %s", s.proposer,
                     s.proposer_options or "(defaults)", s.policy, s.policy_options or "(defaults)",
                     self.num_speculative_tokens,
@@ -166,7 +163,7 @@ class SpecPluginsProposer(RequestIdAware):
         drafts = self.drafting.step(live_ids, token_ids_cpu, lens, rows=live, num_new=sampled,
                                     accepted=accepted, max_draft=caps, present=present)
         if self._trace is not None:
-            self._trace_step(ids, start, drafts.lengths)
+            self._trace.step(ids, start, drafts.lengths)
         if len(live) == num_rows:
             return drafts.lists()
         out: list[list[int]] = [[] for _ in range(num_rows)]
@@ -189,27 +186,51 @@ class SpecPluginsProposer(RequestIdAware):
             return list(ids[:num_rows])
         return [ids[i] if ids is not None and i < len(ids) else f"row-{i}" for i in range(num_rows)]
 
-    def _trace_step(self, ids: list[Any], start: float, drafted: np.ndarray) -> None:
+
+class StepTrace:
+    """`SPEC_PLUGINS_TRACE_FILE`'s lines for one engine's drafting layer (the format is in the module docstring)."""
+
+    # Every this many steps the step line also carries the proposer's and the policy's `stats()`.
+    stats_every: ClassVar[int] = 20
+
+    def __init__(self, path: str) -> None:
+        self._file = open(path, "a", buffering=1)
+        self.drafting: DraftingLayer | None = None
+
+    @classmethod
+    def from_env(cls) -> "StepTrace | None":
+        path = os.environ.get(TRACE_ENV)
+        return cls(path) if path else None
+
+    def start(self, drafting: DraftingLayer, proposer: str, policy: str, k: int) -> None:
+        self.drafting = drafting
+        drafting.time_proposer = True
+        self.write({"start": proposer, "policy": policy, "k": k})  # which engine a process's step lines belong to
+
+    def step(self, ids: list[Any], start: float, drafted: np.ndarray) -> None:
         # t: when this step's drafting began (perf_counter, s), us: its host time; the gaps between steps' t
         # are the engine's step times as the worker saw them.
-        event = {"step": self.drafting.step_count, "rows": ids, "tracked": self.drafting.num_tracked,
+        drafting = self.drafting
+        event = {"step": drafting.step_count, "rows": ids, "tracked": drafting.num_tracked,
                  "drafted": drafted.tolist(), "t": round(start, 6),
                  "us": round((time.perf_counter() - start) * 1e6, 1),
-                 "proposer_us": round(self.drafting.proposer_seconds * 1e6, 1)}
-        if self.drafting.step_count % self.trace_stats_every == 0:
-            stats = self.drafting.stats()
+                 "proposer_us": round(drafting.proposer_seconds * 1e6, 1)}
+        if drafting.step_count % self.stats_every == 0:
+            stats = drafting.stats()
             if stats is not None:
                 event["stats"] = stats  # e.g. the suffix tree's cached requests, nodes, bytes
-            stats = self.drafting.policy_stats()
+            stats = drafting.policy_stats()
             if stats is not None:
                 event["policy_stats"] = stats  # e.g. the adaptive policy's fitted step overhead
-        self._write(event)
+        self.write(event)
 
-    def _traced_finish(self, req_id: Any, why: str) -> None:
-        self._write({"finish": req_id, "why": why})
+    def finish(self, req_id: Any, why: str) -> None:
+        """DraftingLayer.on_finish: one line per freed request, with what is still tracked after it."""
+        self.write({"finish": req_id, "why": why,
+                    "tracked": None if self.drafting is None else self.drafting.num_tracked})
 
-    def _write(self, event: dict) -> None:
-        self._trace.write(json.dumps({"pid": os.getpid(), **event}) + "\n")
+    def write(self, event: dict) -> None:
+        self._file.write(json.dumps({"pid": os.getpid(), **event}) + "\n")
 
 
 def runner_summary(vllm_config: Any) -> str:
