@@ -377,7 +377,7 @@ class Tree {
         if (better(c, b, pd)) b = c;
     if (shared_reads_) {
       // Several threads draft from this tree at once: leave the node as it is and cache its best
-      // child after they are done (settle_deferred), so readers never race a writer.
+      // child after they are done (end_shared_reads), so readers never race a writer.
       std::lock_guard<std::mutex> lock(*deferred_mu_);
       deferred_.push_back(p);
       return b;
