@@ -26,7 +26,7 @@ fi
 SITE=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 
 # The compiled cores are part of the editable install: a change to their sources reinstalls it.
-cores=$(cat setup.py proposers/*.hpp proposers/*/*.cpp proposers/*/*.hpp spec_plugins/*.cpp spec_plugins/*/*.cpp spec_plugins/*/*.hpp 2>/dev/null | sha1sum | cut -c1-12)
+cores=$(cat setup.py proposers/*.hpp proposers/*/*.cpp proposers/*/*.hpp spec_plugins/*.hpp spec_plugins/*.cpp spec_plugins/*/*.cpp spec_plugins/*/*.hpp 2>/dev/null | sha1sum | cut -c1-12)
 want="extras=$EXTRAS;pyproject=$(sha1sum pyproject.toml | cut -c1-12);setup=$(sha1sum "$0" | cut -c1-12);cores=$cores"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && "$VENV/bin/python" -c 'import vllm, spec_plugins' 2>/dev/null; then
   echo "[setup] $VENV is up to date"

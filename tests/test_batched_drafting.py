@@ -12,7 +12,7 @@ from spec_plugins.core import BatchDrafts, Draft, DraftBatch, DraftRequest, Fixe
 from spec_plugins.drafting import DraftingLayer
 from spec_plugins.proposers.ngram import NgramProposer
 from spec_plugins.proposers.ngram.proposer import match_confidence
-from spec_plugins.proposers.suffix_tree import SuffixTreeProposer
+from spec_plugins.proposers.suffix_tree import SuffixTreeProposer, _testing
 
 
 def scenario(seed: int, steps: int = 25):
@@ -73,7 +73,7 @@ def test_suffix_tree_batch_drafts_equal_per_request_drafts(seed, layout, threads
         got = batched.propose_batch(make_batch(ids, ctxs, new, caps, layout, rng))
         assert got.lists() == [d.tokens for d in want]
         assert got.confidence.tolist() == [c for d in want for c in d.confidence]
-        batched._core._check()  # the trees the interleaved appends built are well formed
+        _testing.check(batched._core)  # the trees the interleaved appends built are well formed
         for r, c in step:
             seen[r] = len(c)
     assert batched.stats() == single.stats()

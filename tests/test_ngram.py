@@ -44,3 +44,10 @@ def test_no_match_and_zero_cap_give_empty_drafts():
     p = NgramProposer()
     assert p.propose([DraftRequest("a", [1, 2, 3, 4], 4, max_draft=4)])[0].tokens == []
     assert p.propose([DraftRequest("a", [1, 2, 1, 2], 4, max_draft=0)])[0].tokens == []
+
+
+def test_confidence_is_the_copy_hazard_of_the_match_length():
+    from spec_plugins.proposers.ngram.proposer import match_confidence
+
+    m = np.arange(0, 40)
+    assert match_confidence(m).tolist() == np.clip(1.0 - 1.3 / (m + 0.8), 0.05, 0.95).tolist()

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from spec_plugins.core import DraftBatch
 from spec_plugins.proposers.suffix_tree import SuffixTreeProposer
-from spec_plugins.proposers.suffix_tree import _core
+from spec_plugins.proposers.suffix_tree import _core, _testing
 
 
 def engine_tokens(rng, draft: list[int], vocab: int) -> list[int]:
@@ -64,10 +64,10 @@ def test_drafts_and_trees_are_the_same_with_appends_ahead(seed, threads, min_pro
         if step % 5 == 4:  # the per-request view takes every tentative token back: the trees are the same
             for r in ids:
                 a, p = ahead._keys[r], plain._keys[r]
-                assert ahead._core._canonical(a).tolist() == plain._core._canonical(p).tolist()
+                assert _testing.canonical(ahead._core, a).tolist() == _testing.canonical(plain._core, p).tolist()
                 assert ahead._core._copy_state(a) == plain._core._copy_state(p)
                 assert ahead._core.pending(a) == 0
-            ahead._core._check()
+            _testing.check(ahead._core)
     ahead.wait_ahead()
     different = {k for k, v in ahead.stats().items() if plain.stats()[k] != v}
     assert different <= {"memory_bytes"}  # the journal's reserved capacity aside
@@ -94,14 +94,14 @@ def test_agreeing_tokens_are_kept_and_the_rest_taken_back():
     a = ahead.step_batch(np.array([7]), [grown], None, np.array([len(grown)]), np.array([3]), caps)
     b = plain.step_batch(np.array([7]), [grown], None, np.array([len(grown)]), np.array([3]), caps)
     assert [x.tolist() for x in a] == [x.tolist() for x in b]
-    assert ahead._canonical(7).tolist() == plain._canonical(7).tolist()  # also takes the new tentative ones back
+    assert _testing.canonical(ahead, 7).tolist() == _testing.canonical(plain, 7).tolist()  # also takes the new tentative ones back
     assert ahead.length(7) == plain.length(7) == len(grown)
-    ahead._check()
+    _testing.check(ahead)
 
 
 def test_a_step_with_few_likely_tokens_hands_none_over():
     ahead = _core.SuffixCache(max_depth=8)
-    ahead.set_ahead(True, 0.0)  # 8 tokens at least, by default
+    ahead.set_ahead(True, 0.0, SuffixTreeProposer.Options().ahead_min_tokens)  # 8 tokens at least, by default
     text = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3]
     ahead.start(7, text)
     tokens = ahead.step_batch(np.array([7]), [text], None, np.array([len(text)]), np.array([0]), np.array([6]))[0]

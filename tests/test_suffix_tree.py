@@ -9,7 +9,7 @@ draft only with a strictly higher score.
 
 Copy drafts (on by default) have their own oracle, `RefCopier`: it replays the request's tokens one
 by one, finds the longest earlier-occurring tail by brute force, and follows the rules written in
-suffix_tree.hpp ("copy drafts"); the copy then competes with the count draft, whose score is
+copier.hpp; the copy then competes with the count draft, whose score is
 discounted by the copy hazard. HYPOTHESIS_PROFILE=slow runs 10^4 cases per property.
 """
 
@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spec_plugins.core import DraftRequest, check_drafts
-from spec_plugins.proposers.suffix_tree import SuffixTreeProposer, _core
+from spec_plugins.proposers.suffix_tree import SuffixTreeProposer, _core, _testing
 from spec_plugins.proposers.suffix_tree.proposer import _conditional
 from spec_plugins.registry import create_proposer
 
@@ -107,7 +107,7 @@ COPY_DEFAULTS = dict(
 
 
 class RefCopier:
-    """Copy-draft state of one request, replayed token by token (suffix_tree.hpp, `Copier`)."""
+    """Copy-draft state of one request, replayed token by token (copier.hpp, `Copier`)."""
 
     def __init__(self, x, depth: int, cp: dict) -> None:
         self.cp, self.depth = cp, depth
@@ -256,7 +256,7 @@ spec_params = st.tuples(
     queries=st.lists(st.tuples(tokens, st.integers(0, 10), spec_params), min_size=1, max_size=4),
 )
 def test_tree_matches_oracle(depth, tie, ops, queries):
-    tree = _core.SuffixTree(depth, tie)
+    tree = _testing.SuffixTree(depth, tie)
     live: list[list] = []  # [handle, order, tokens], oldest first
     order = 0
     for kind, idx, toks in ops:
@@ -272,7 +272,7 @@ def test_tree_matches_oracle(depth, tie, ops, queries):
             touched = entry
         elif kind == "evict" and live:
             assert tree.remove_oldest() == live.pop(0)[0]
-        tree._check()
+        tree.check()
         if touched is not None:
             check_repeat(tree, live, touched, depth, exact_oldest=len(live) == 1 and order == 1)
     seqs = [(o, x) for _, o, x in live]
@@ -292,7 +292,7 @@ def check_repeat(tree, live, entry, depth, exact_oldest):
     """The tree's longest earlier-occurring tail of `entry` (as of its last append) by brute force
     over all live sequences; the oldest occurrence is exact in a tree that only ever held one sequence."""
     handle, order, x = entry
-    got = tree._repeat(handle)
+    got = tree.repeat(handle)
     if not x:
         assert got[0] == 0
         return
@@ -370,7 +370,7 @@ def test_cache_matches_oracle(depth, max_cached, in_flight, tie, spec, copy, ops
                     make_room()
                     cached.append({"order": order, "tokens": req["tokens"][req["prompt"] :], "owner": None})
                     order += 1
-        core._check()
+        _testing.check(core)
         assert core.num_cached == len(cached) and core.num_active == len(active)
         for k, req in active.items():
             want = oracle_draft(
@@ -711,7 +711,7 @@ def test_bad_token_ids_raise_before_any_change(bad, msg):
         p.append("a", bad)
     assert p._core.length(0) == 2
     with pytest.raises(ValueError, match=msg):
-        _core.SuffixTree(8).speculate(bad, 4)
+        _testing.SuffixTree(8).speculate(bad, 4)
 
 
 def test_accepts_numpy_integer_inputs_of_any_width():
@@ -735,13 +735,37 @@ def test_misuse_of_the_low_level_api():
     with pytest.raises(ValueError, match=r"max_tokens: expected an integer >= 0"):
         p.speculate("x", -1)
     with pytest.raises(ValueError, match=r"max_depth: expected an integer in \[1, 4096\]"):
-        _core.SuffixTree(0)
+        _testing.SuffixTree(0)
     with pytest.raises(ValueError, match=r"min_token_prob"):
-        _core.SuffixTree(8).speculate([1], 2, 1.0, 0.0, 2.0)
+        _testing.SuffixTree(8).speculate([1], 2, 1.0, 0.0, 2.0)
     with pytest.raises(ValueError, match=r"empty"):
-        _core.SuffixTree(8).remove_oldest()
+        _testing.SuffixTree(8).remove_oldest()
     p.finish("x")
     p.finish("x")  # twice: ignored
+
+
+def test_the_cores_defaults_are_the_options_defaults():
+    """Each knob has one default: the compiled core's (CacheOptions, CopyParams: what the step driver and the
+    test-only tree use) is the proposer option's, and the copy hazard is the n-gram proposer's too."""
+    from spec_plugins.proposers.ngram import _core as ngram_core
+
+    options = SuffixTreeProposer.Options()
+    assert _core.DEFAULTS == {name: getattr(options, name) for name in _core.DEFAULTS}
+    assert _testing.SuffixTree().max_depth == options.max_depth == 24
+    assert (ngram_core.HAZARD_C, ngram_core.HAZARD_D) == (_core.HAZARD_C, _core.HAZARD_D) == (1.3, 0.8)
+
+
+def test_the_engines_core_carries_no_test_code():
+    """The tree on its own and the invariant checks are in the test-only module, which the proposer never loads."""
+    import subprocess
+    import sys
+
+    assert not any(hasattr(_core, name) for name in ("SuffixTree", "_check", "_canonical"))
+    assert not hasattr(_core.SuffixCache, "_check") and not hasattr(_core.SuffixCache, "_canonical")
+    script = ("import sys; from spec_plugins.proposers.suffix_tree import SuffixTreeProposer; SuffixTreeProposer(); "
+              "print('spec_plugins.proposers.suffix_tree._testing' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          check=True).stdout.strip() == "False"
 
 
 def test_reused_request_id_with_unrelated_context_starts_over():

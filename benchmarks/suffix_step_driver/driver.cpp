@@ -6,7 +6,8 @@
 //
 // Between steps it reads 64 MB, as an engine's own work between two drafting steps would push the trees out of
 // cache. Prints the median and minimum microseconds per step over the steps after the first five. To compare a
-// change to suffix_tree.hpp, build the driver twice (-I pointing at each header) and run the two in turns.
+// change to the core (cache.hpp and the headers it includes), build the driver twice (-I pointing at each
+// version's proposers/suffix_tree) and run the two in turns.
 //
 // Instructions and simulated cache misses of the timed steps only, which do not depend on the machine's load
 // (build with -DCOUNT_WITH_CALLGRIND -g, then run under callgrind with the 32 MB last-level cache of this VM):
@@ -19,7 +20,7 @@
 #include <memory>
 #include <vector>
 
-#include "suffix_tree.hpp"
+#include "cache.hpp"
 #ifdef COUNT_WITH_CALLGRIND
 #include <valgrind/callgrind.h>
 #define TIMED_STEP_BOUNDARY CALLGRIND_TOGGLE_COLLECT

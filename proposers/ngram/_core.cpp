@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "../../spec_plugins/copy_hazard.hpp"
 #include "../../spec_plugins/fast_array.hpp"
 #include "../worker_pool.hpp"
 
@@ -174,6 +175,10 @@ class Batch {
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "Batched prompt-lookup n-gram drafting (see proposers/ngram/proposer.py).";
+  // The reliability of a draft after m matched tokens, h(m) = 1 - c / (m + d): proposer.py's confidences, with
+  // the suffix tree's constants (one definition: spec_plugins/copy_hazard.hpp).
+  m.attr("HAZARD_C") = spec_plugins::kHazardC;
+  m.attr("HAZARD_D") = spec_plugins::kHazardD;
   py::class_<Batch>(m, "NgramBatch")
       .def(py::init<long long, long long, long long, long long>(), py::arg("min_ngram"), py::arg("max_ngram"),
            py::arg("threads") = -1, py::arg("parallel_from") = 64)

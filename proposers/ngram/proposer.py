@@ -111,7 +111,8 @@ class NgramProposer:
 
 def match_confidence(match_len):
     """Per-token confidence of a draft that continues an n-gram match of `match_len` tokens: the copy-draft
-    reliability h(m) = 1 - 1.3 / (m + 0.8) the suffix tree uses (proposers/suffix_tree). Distinct match
-    lengths land in distinct calibration bins, so the adaptive policy learns acceptance by match length and
-    draft position instead of from each request's history alone."""
-    return np.clip(1.0 - 1.3 / (np.asarray(match_len, dtype=np.float64) + 0.8), 0.05, 0.95)
+    reliability h(m) = 1 - c / (m + d) the suffix tree uses, with its constants (spec_plugins/copy_hazard.hpp,
+    through `_core`), kept within [0.05, 0.95]. Distinct match lengths land in distinct calibration bins, so the
+    adaptive policy learns acceptance by match length and draft position instead of from each request's history
+    alone."""
+    return np.clip(1.0 - _core.HAZARD_C / (np.asarray(match_len, dtype=np.float64) + _core.HAZARD_D), 0.05, 0.95)

@@ -1,5 +1,7 @@
-// Python bindings of the suffix-tree core (suffix_tree.hpp). Token ids arrive as lists, tuples or
-// 1-D integer numpy arrays and are validated (integers in [0, 2^31)) before any state changes.
+// Python binding of the suffix-tree core the proposer runs (cache.hpp): SuffixCache, the requests' trees,
+// the global tree and the batched step. Token ids arrive as lists, tuples or 1-D integer numpy arrays and are
+// validated (integers in [0, 2^31)) before any state changes (binding.hpp). The tree on its own and the
+// invariant checks are in the test-only module (_testing.cpp).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
@@ -8,11 +10,14 @@
 #include <string>
 #include <vector>
 
+#include "../../spec_plugins/copy_hazard.hpp"
 #include "../../spec_plugins/fast_array.hpp"
-#include "suffix_tree.hpp"
+#include "binding.hpp"
+#include "cache.hpp"
 
 namespace py = pybind11;
 using namespace suffix_tree;
+using namespace suffix_tree::binding;
 
 namespace {
 
@@ -28,164 +33,10 @@ py::array_t<long long> int64_column(py::handle obj, const char* what, long long 
   return py::array_t<long long, py::array::c_style | py::array::forcecast>::ensure(arr);
 }
 
-[[noreturn]] void bad_token(const char* what, Py_ssize_t i, const std::string& got) {
-  throw py::value_error(std::string(what) + ": token id at position " + std::to_string(i) +
-                        " must be an integer in [0, 2**31), got " + got);
-}
-
-template <class T>
-void read_array(const py::array& arr, Py_ssize_t from, std::vector<i32>& out, const char* what) {
-  auto a = arr.unchecked<T, 1>();
-  for (Py_ssize_t i = from; i < a.shape(0); ++i) {
-    const T v = a(i);
-    if (v < 0 || static_cast<unsigned long long>(v) > 0x7fffffffull) bad_token(what, i, std::to_string(v));
-    out.push_back(i32(v));
-  }
-}
-
-// Appends obj[from:] to out. Returns the length of obj.
-Py_ssize_t read_tokens(py::handle obj, std::vector<i32>& out, const char* what, Py_ssize_t from = 0) {
-  out.clear();
-  if (py::isinstance<py::array>(obj)) {
-    py::array arr = py::reinterpret_borrow<py::array>(obj);
-    if (arr.ndim() != 1) throw py::value_error(std::string(what) + ": expected a 1-D sequence of token ids");
-    const Py_ssize_t n = arr.shape(0);
-    if (from > n) return n;
-    const char kind = arr.dtype().kind();
-    const auto size = arr.itemsize();
-    out.reserve(n - from);
-    if (kind == 'i' && size == 4) read_array<std::int32_t>(arr, from, out, what);
-    else if (kind == 'i' && size == 8) read_array<std::int64_t>(arr, from, out, what);
-    else if (kind == 'u' && size == 4) read_array<std::uint32_t>(arr, from, out, what);
-    else if (kind == 'u' && size == 8) read_array<std::uint64_t>(arr, from, out, what);
-    else if (kind == 'i' || kind == 'u')
-      read_array<std::int64_t>(arr.attr("astype")("int64").cast<py::array>(), from, out, what);
-    else
-      throw py::value_error(std::string(what) + ": expected integer token ids, got an array of dtype " +
-                            std::string(py::str(arr.dtype())));
-    return n;
-  }
-  if (PyUnicode_Check(obj.ptr()) || PyBytes_Check(obj.ptr()))
-    throw py::value_error(std::string(what) + ": expected a sequence of token ids, got a string");
-  PyObject* seq = PySequence_Fast(obj.ptr(), "");
-  if (!seq) {
-    PyErr_Clear();
-    throw py::value_error(std::string(what) + ": expected a sequence of token ids, got " +
-                          std::string(py::str(py::type::of(obj).attr("__name__"))));
-  }
-  py::object guard = py::reinterpret_steal<py::object>(seq);
-  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-  PyObject** items = PySequence_Fast_ITEMS(seq);
-  if (from > n) return n;
-  out.reserve(n - from);
-  for (Py_ssize_t i = from; i < n; ++i) {
-    PyObject* it = items[i];
-    if (PyBool_Check(it)) bad_token(what, i, std::string(py::repr(it)));
-    long long v;
-    if (PyLong_Check(it)) {
-      int overflow = 0;
-      v = PyLong_AsLongLongAndOverflow(it, &overflow);
-      if (overflow) bad_token(what, i, std::string(py::repr(it)));
-    } else {
-      PyObject* idx = PyNumber_Index(it);  // numpy integer scalars; floats are refused
-      if (!idx) {
-        PyErr_Clear();
-        bad_token(what, i, std::string(py::repr(it)));
-      }
-      int overflow = 0;
-      v = PyLong_AsLongLongAndOverflow(idx, &overflow);
-      Py_DECREF(idx);
-      if (overflow) bad_token(what, i, std::string(py::repr(it)));
-    }
-    if (v < 0 || v > 0x7fffffffLL) bad_token(what, i, std::to_string(v));
-    out.push_back(i32(v));
-  }
-  return n;
-}
-
-py::tuple to_python(const Draft& d) {
-  py::list toks(d.tokens.size()), probs(d.probs.size());
-  for (size_t i = 0; i < d.tokens.size(); ++i) {
-    PyList_SET_ITEM(toks.ptr(), i, PyLong_FromLong(d.tokens[i]));
-    PyList_SET_ITEM(probs.ptr(), i, PyFloat_FromDouble(d.probs[i]));
-  }
-  return py::make_tuple(toks, probs, d.score, d.match_len);
-}
-
-TieBreak parse_tie(const std::string& s) {
-  if (s == "recent") return TieBreak::kRecent;
-  if (s == "token") return TieBreak::kToken;
-  throw py::value_error("tie_break: expected 'recent' or 'token', got '" + s + "'");
-}
-
-SpecParams check_params(double factor, double offset, double min_prob) {
-  if (!std::isfinite(factor) || factor < 0) throw py::value_error("max_spec_factor: expected a finite value >= 0");
-  if (!std::isfinite(offset)) throw py::value_error("max_spec_offset: expected a finite value");
-  if (!(min_prob >= 0 && min_prob <= 1)) throw py::value_error("min_token_prob: expected a value in [0, 1]");
-  SpecParams sp;
-  sp.factor = factor;
-  sp.offset = offset;
-  sp.min_prob = min_prob;
-  return sp;
-}
-
-i32 check_depth(long long d) {
-  if (d < 1 || d > 4096) throw py::value_error("max_depth: expected an integer in [1, 4096], got " + std::to_string(d));
-  return i32(d);
-}
-
-i32 check_max_tokens(long long m) {
-  if (m < 0) throw py::value_error("max_tokens: expected an integer >= 0, got " + std::to_string(m));
-  return m > 0x7fffffffLL ? 0x7fffffff : i32(m);
-}
-
 double check_price(double p) {
   if (!(p >= 0.0) || !std::isfinite(p)) throw py::value_error("price: expected a finite number >= 0, got " + std::to_string(p));
   return p;
 }
-
-// The tree on its own, for tests and experiments: sequences are added, grown, and evicted oldest first.
-class PyTree {
- public:
-  PyTree(long long max_depth, const std::string& tie) : tree_(check_depth(max_depth), parse_tie(tie)) {}
-
-  int add(py::handle tokens) {
-    read_tokens(tokens, buf_, "tokens");
-    const i32 s = tree_.add_seq(buf_.size());
-    tree_.extend(s, buf_.data(), buf_.size());
-    return s;
-  }
-  void extend(int s, py::handle tokens) {
-    if (s < 0 || !alive(s)) throw py::value_error("extend: no such sequence");
-    read_tokens(tokens, buf_, "tokens");
-    tree_.extend(s, buf_.data(), buf_.size());
-  }
-  int remove_oldest() {
-    if (tree_.num_seqs() == 0) throw py::value_error("remove_oldest: the tree is empty");
-    return tree_.remove_oldest();
-  }
-  long long count(py::handle pattern) {
-    read_tokens(pattern, buf_, "pattern");
-    return tree_.count(buf_.data(), i32(buf_.size()));
-  }
-  py::tuple repeat(int s) {  // (length, next position of the most recent and of the oldest occurrence)
-    if (s < 0 || !alive(s)) throw py::value_error("repeat: no such sequence");
-    const Seq& S = tree_.seq(s);
-    return py::make_tuple(S.rep_len, S.rep_seq, S.rep_next, S.rep_first);
-  }
-  py::tuple speculate(py::handle context, long long max_tokens, double factor, double offset, double min_prob) {
-    read_tokens(context, buf_, "context");
-    const SpecParams sp = check_params(factor, offset, min_prob);
-    Draft d;
-    tree_.speculate(buf_.data(), i32(buf_.size()), check_max_tokens(max_tokens), sp, d);
-    return to_python(d);
-  }
-  Tree tree_;
-
- private:
-  bool alive(int s) { return tree_.is_live(s); }
-  std::vector<i32> buf_;
-};
 
 CopyParams check_copy(bool on, double min_prob, long long window, long long near_len, long long anchor_run,
                       long long oldest_from, double near_bonus, double near_first_bonus, double hazard_c,
@@ -405,13 +256,11 @@ class PyCache {
     require(key, "pending");
     return (long long)cache_.pending(key);
   }
-  py::array_t<long long> canonical(long long key) {  // the local tree as Tree::canonical (tests)
+  // The cache itself, once the last step's tentative appends are done, for the test-only module's checks
+  // (_testing.cpp: built from the same headers with the same flags, so it reads the same layout).
+  py::capsule cache_capsule() {
     quiet();
-    require(key, "canonical");
-    const std::vector<long long> c = cache_.local(key).canonical();
-    py::array_t<long long> out(c.size());
-    std::copy(c.begin(), c.end(), out.mutable_data());
-    return out;
+    return py::capsule(static_cast<void*>(&cache_), kCacheCapsule);
   }
   void set_parallel(long long workers, long long parallel_from, long long interleave) {
     quiet();
@@ -482,10 +331,8 @@ class PyCache {
   size_t parallel_from_ = 64;
   std::unique_ptr<spec_plugins::WorkerPool> pool_;
   bool ahead_ = false;
-  double ahead_min_prob_ = 0.5;
-  // Handing a step's tentative appends to their thread costs about what appending several tokens does
-  // (waking it, taking back what the engine rejects): a step with fewer to hand over hands over none.
-  size_t ahead_min_tokens_ = 8;
+  double ahead_min_prob_ = 1.0;   // set_ahead: the proposer's ahead_min_prob
+  size_t ahead_min_tokens_ = 0;  // and ahead_min_tokens
   std::vector<long long> ahead_keys_;
   // Last: destroyed first, so a task still running finishes before the cache and drafts go.
   std::unique_ptr<spec_plugins::Background> background_;
@@ -494,26 +341,35 @@ class PyCache {
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
-  m.doc() = "Depth-limited suffix trees with counts for SuffixDecoding (see suffix_tree.hpp).";
+  m.doc() = "Depth-limited suffix trees with counts for SuffixDecoding (see cache.hpp).";
 
-  py::class_<PyTree>(m, "SuffixTree")
-      .def(py::init<long long, const std::string&>(), py::arg("max_depth") = 64, py::arg("tie_break") = "recent")
-      .def("add", &PyTree::add, py::arg("tokens"), "Add a sequence (the youngest); returns its handle.")
-      .def("extend", &PyTree::extend, py::arg("seq"), py::arg("tokens"))
-      .def("remove_oldest", &PyTree::remove_oldest, "Evict the oldest sequence; returns its handle.")
-      .def("count", &PyTree::count, py::arg("pattern"), "Occurrences of pattern (0 if longer than max_depth).")
-      .def("speculate", &PyTree::speculate, py::arg("context"), py::arg("max_tokens"),
-           py::arg("max_spec_factor") = 1.0, py::arg("max_spec_offset") = 0.0, py::arg("min_token_prob") = 0.1,
-           "(tokens, probs, score, match_len) of the best draft continuing context.")
-      .def_property_readonly("max_depth", [](PyTree& t) { return t.tree_.max_depth(); })
-      .def_property_readonly("num_seqs", [](PyTree& t) { return t.tree_.num_seqs(); })
-      .def_property_readonly("num_nodes", [](PyTree& t) { return t.tree_.num_nodes(); })
-      .def_property_readonly("memory_bytes", [](PyTree& t) { return t.tree_.memory_bytes(); })
-      .def("_repeat", &PyTree::repeat, py::arg("seq"),
-           "(length, seq, next, first) of the longest tail that occurred before, as of the last append")
-      .def("_check", [](PyTree& t) { t.tree_.validate(); });
+  // One definition of the copy reliability h(m) = 1 - c / (m + d), shared with the n-gram proposer.
+  m.attr("HAZARD_C") = spec_plugins::kHazardC;
+  m.attr("HAZARD_D") = spec_plugins::kHazardD;
 
-  const CopyParams dc;  // defaults
+  const CacheOptions d;  // the defaults, by the proposer's option names (tests check that the two agree)
+  const CopyParams& dc = d.copy;
+  py::dict defaults;
+  defaults["max_depth"] = d.max_depth;
+  defaults["max_cached_requests"] = d.max_cached;
+  defaults["cache_in_flight"] = d.cache_active;
+  defaults["tie_break"] = tie_name(d.tie);
+  defaults["max_spec_factor"] = d.spec.factor;
+  defaults["max_spec_offset"] = d.spec.offset;
+  defaults["min_token_prob"] = d.spec.min_prob;
+  defaults["copy_drafts"] = dc.on;
+  defaults["copy_min_prob"] = dc.min_prob;
+  defaults["copy_window"] = dc.window;
+  defaults["copy_near_len"] = dc.near_len;
+  defaults["copy_anchor_run"] = dc.anchor_run;
+  defaults["copy_oldest_from"] = dc.oldest_from;
+  defaults["copy_near_bonus"] = dc.near_bonus;
+  defaults["copy_near_first_bonus"] = dc.near_first_bonus;
+  defaults["copy_hazard_c"] = dc.hazard_c;
+  defaults["copy_hazard_d"] = dc.hazard_d;
+  defaults["copy_disagree_factor"] = dc.disagree_factor;
+  m.attr("DEFAULTS") = defaults;
+
   py::class_<PyCache>(m, "SuffixCache")
       .def(py::init([](long long max_depth, long long max_cached, bool cache_active, const std::string& tie,
                        double factor, double offset, double min_prob, bool copy, double copy_min_prob,
@@ -525,9 +381,10 @@ PYBIND11_MODULE(_core, m) {
                                            copy_oldest_from, copy_near_bonus, copy_near_first_bonus, copy_hazard_c,
                                            copy_hazard_d, copy_disagree_factor));
            }),
-           py::arg("max_depth") = 24, py::arg("max_cached_requests") = 10000, py::arg("cache_in_flight") = false,
-           py::arg("tie_break") = "recent", py::arg("max_spec_factor") = 1.0, py::arg("max_spec_offset") = 0.0,
-           py::arg("min_token_prob") = 0.1, py::arg("copy") = dc.on, py::arg("copy_min_prob") = dc.min_prob,
+           py::arg("max_depth") = d.max_depth, py::arg("max_cached_requests") = d.max_cached,
+           py::arg("cache_in_flight") = d.cache_active, py::arg("tie_break") = tie_name(d.tie),
+           py::arg("max_spec_factor") = d.spec.factor, py::arg("max_spec_offset") = d.spec.offset,
+           py::arg("min_token_prob") = d.spec.min_prob, py::arg("copy") = dc.on, py::arg("copy_min_prob") = dc.min_prob,
            py::arg("copy_window") = dc.window, py::arg("copy_near_len") = dc.near_len,
            py::arg("copy_anchor_run") = dc.anchor_run, py::arg("copy_oldest_from") = dc.oldest_from,
            py::arg("copy_near_bonus") = dc.near_bonus, py::arg("copy_near_first_bonus") = dc.near_first_bonus,
@@ -546,14 +403,14 @@ PYBIND11_MODULE(_core, m) {
            "Worker threads for batched drafting (-1: one per extra core, at most 7; 0: none), the batch "
            "size from which they are used, and how many requests' appends a batched step interleaves.")
       .def_property_readonly("threads", &PyCache::workers)
-      .def("set_ahead", &PyCache::set_ahead, py::arg("on"), py::arg("min_prob") = 0.5, py::arg("min_tokens") = 8,
+      .def("set_ahead", &PyCache::set_ahead, py::arg("on"), py::arg("min_prob"), py::arg("min_tokens"),
            "Append each batched step's leading draft tokens (path probability >= min_prob) to the trees on a "
            "thread of their own until the next call, when the step has at least min_tokens of them; the next "
-           "step keeps those its new tokens agree with.")
+           "step keeps those its new tokens agree with (the proposer's options ahead_min_prob, ahead_min_tokens).")
       .def_property_readonly("appends_ahead", &PyCache::ahead, "Whether batched steps append drafts ahead.")
       .def("wait_ahead", &PyCache::quiet, "Wait for the last step's tentative appends.")
       .def("pending", &PyCache::pending, py::arg("key"), "Tentative tokens of the request not settled yet.")
-      .def("_canonical", &PyCache::canonical, py::arg("key"), "The request's tree, independent of node ids (tests).")
+      .def("_cache", &PyCache::cache_capsule, "The C++ cache, for the test-only module (_testing).")
       .def("finish", &PyCache::finish, py::arg("key"))
       .def("length", &PyCache::length, py::arg("key"))
       .def("local_count", &PyCache::local_count, py::arg("key"), py::arg("pattern"))
@@ -567,6 +424,5 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("global_nodes", [](PyCache& c) { c.quiet(); return c.cache_.global().num_nodes(); })
       .def_property_readonly("memory_bytes", [](PyCache& c) { c.quiet(); return c.cache_.memory_bytes(); })
       .def_property_readonly("arena_bytes", [](PyCache&) { return spec_plugins::PageArena::held_bytes(); },
-                             "Bytes the process holds for the trees' large arrays (every cache's, in use or free).")
-      .def("_check", [](PyCache& c) { c.quiet(); c.cache_.validate(); });
+                             "Bytes the process holds for the trees' large arrays (every cache's, in use or free).");
 }

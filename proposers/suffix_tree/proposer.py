@@ -14,7 +14,9 @@ calibrated on match length, h(m) = 1 - c / (m + d). The count draft's score is d
 same h before the two compare, and the copy wins ties. This is what lifts code edits and looping
 answers (benchmarks/suffix_tree_results.md); ``copy_min_prob`` trades draft length for acceptance.
 
-All the work is in `_core` (suffix_tree.hpp); this class maps request ids and checks the context.
+All the work is in `_core` (`_core.cpp` over the headers beside it: `tree.hpp` the suffix tree, `copier.hpp` the
+copy drafts, `cache.hpp` the requests, the global tree and the batched step, `ahead.hpp` the tokens appended
+ahead); this class maps request ids and checks the context.
 `propose_batch` is the serving path: one call into the core per engine step for the whole batch
 (ingest every request's new tokens, then draft all of them with the GIL released, on worker threads
 from `parallel_from` requests up, the appends of `interleave` requests at a time taken in turns so that
@@ -22,8 +24,8 @@ one tree's memory loads overlap the others' work); its drafts are the same as `p
 histories. With `append_ahead` each batched step ends by handing the drafts' leading tokens (path probability >=
 `ahead_min_prob`) to a thread of its own, which appends them to the trees tentatively (journaled) while the
 engine verifies; the next step keeps those that agree with the engine's new tokens and takes the rest back, so
-the step appends only what was not guessed (a step with fewer than 8 such tokens in all hands none over: waking
-the thread would cost more). Drafts are the same with it or without. A priced step (`DraftBatch.token_price`,
+the step appends only what was not guessed (a step with fewer than `ahead_min_tokens` such tokens in all hands
+none over: waking the thread would cost more). Drafts are the same with it or without. A priced step (`DraftBatch.token_price`,
 set by the adaptive policy's `price_drafts`) ends each draft before its first token whose path probability is
 below the price: the same candidates, a prefix of the unpriced draft. Only the batched path is priced
 (`DraftRequest` carries no price).
@@ -69,7 +71,7 @@ class SuffixTreeProposer:
         tie_break: Literal["recent", "token"] = pydantic.Field(
             default="recent", description="equal counts: most recent occurrence, or smaller token id"
         )
-        # Copy drafts (suffix_tree.hpp, "copy drafts"): continue the request's own text from an
+        # Copy drafts (copier.hpp, where these constants are explained): continue the request's own text from an
         # earlier occurrence of its tail; they compete with the count drafts on expected accepted tokens.
         copy_drafts: bool = pydantic.Field(default=True, description="also draft by copying the request's own text")
         copy_min_prob: float = pydantic.Field(
@@ -95,9 +97,10 @@ class SuffixTreeProposer:
             default=0.5, ge=0.0, le=1e6, description="a near copy's first token counts this many more matches "
             "(whether the edit is over at all is uncertain; copy_near_bonus from its second token)"
         )
-        # Per-token reliability of a copy after m matched tokens: 1 - c / (m + d), fitted on the replays.
-        copy_hazard_c: float = pydantic.Field(default=1.3, ge=0.0, le=1e6)
-        copy_hazard_d: float = pydantic.Field(default=0.8, ge=0.0, le=1e6)
+        # Per-token reliability of a copy after m matched tokens: 1 - c / (m + d), fitted on the replays; the
+        # defaults are the n-gram proposer's constants too (spec_plugins/copy_hazard.hpp).
+        copy_hazard_c: float = pydantic.Field(default=_core.HAZARD_C, ge=0.0, le=1e6)
+        copy_hazard_d: float = pydantic.Field(default=_core.HAZARD_D, ge=0.0, le=1e6)
         copy_disagree_factor: float = pydantic.Field(
             default=0.7, ge=0.0, le=1.0, description="where the copy and the count draft start with different "
             "tokens, the chosen draft's path probabilities times this (the same tokens; 1: off)"
@@ -118,6 +121,11 @@ class SuffixTreeProposer:
         )
         ahead_min_prob: float = pydantic.Field(
             default=0.5, ge=0.0, le=1.0, description="append ahead the draft tokens whose path probability is >= this"
+        )
+        # Handing a step's tokens to their thread costs about what appending several tokens does (waking it,
+        # taking back what the engine rejects).
+        ahead_min_tokens: int = pydantic.Field(
+            default=8, ge=0, le=2**31 - 1, description="a step with fewer such tokens in all appends none ahead"
         )
 
     def __init__(self, **options: Any) -> None:
@@ -150,7 +158,7 @@ class SuffixTreeProposer:
         )
         self._core.set_parallel(o.threads, o.parallel_from, o.interleave)
         try:
-            self._core.set_ahead(o.append_ahead is True, o.ahead_min_prob)
+            self._core.set_ahead(o.append_ahead is True, o.ahead_min_prob, o.ahead_min_tokens)
         except ValueError as exc:
             raise ValueError(f"SuffixTreeProposer option {exc}") from None
         self._keys: dict[Hashable, int] = {}
@@ -195,7 +203,7 @@ class SuffixTreeProposer:
         """`append_ahead: auto` follows the engine: on beside an accelerator's forward (core.RunsBesideEngine)."""
         o = self.options
         if o.append_ahead == "auto" and not o.cache_in_flight:
-            self._core.set_ahead(on_accelerator, o.ahead_min_prob)
+            self._core.set_ahead(on_accelerator, o.ahead_min_prob, o.ahead_min_tokens)
 
     @property
     def appends_ahead(self) -> bool:
