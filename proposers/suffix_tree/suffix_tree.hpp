@@ -810,7 +810,7 @@ class Tree {
 // Count-based drafts trust frequencies. Inside one request, what predicts best is an exact repeat
 // and *where* the text is being copied from: a rewrite (code edit) reproduces its prompt with a few
 // changes, and a looping answer repeats itself. Measured on replayed requests (see
-// benchmarks/suffix_tree_results.md): with a match of m tokens so far, the next copied token is right
+// docs/notes/suffix-tree-variants.md): with a match of m tokens so far, the next copied token is right
 // with probability close to h(m) = 1 - c / (m + d) (c = 1.3, d = 0.8: 0.28 at m = 1, 0.85 at 8,
 // 0.92 at 16) on code edits, chat and code completion alike. A copy draft's path probability is the
 // product of h over its tokens, with m growing by one per token.
@@ -998,7 +998,7 @@ class Cache {
   // price: the adaptive policy's least survival a kept token can have this step (DraftBatch.token_price): the
   // draft is the unpriced one up to its last token whose path probability is >= price. The candidates are
   // chosen as unpriced (choosing them net of the price lost modelled goodput on the replays, see
-  // benchmarks/RESULTS.md), so a priced draft is always a prefix of the unpriced one.
+  // docs/notes/results-log.md), so a priced draft is always a prefix of the unpriced one.
   // The score stays the unpriced draft's.
   Draft speculate(Req& r, i32 max_tokens, double price = 0.0) {
     Draft best;

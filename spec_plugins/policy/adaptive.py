@@ -24,10 +24,10 @@ With `price_drafts` > 0 the proposer is told, before it drafts, that share of th
 to be kept in this step (`token_price`; `DraftBatch.token_price`): the suffix tree and the n-gram proposer then
 end each draft before its first token whose path probability is below it. Off by default: the proposers' raw
 confidences are not the calibrated survivals the trim reads, and on the replays the cut cost more goodput than
-the drafting it saved (benchmarks/RESULTS.md, "The price of a token handed to the proposer").
+the drafting it saved (docs/notes/results-log.md, "The price of a token handed to the proposer").
 `min_token_price` hands the proposer at least that price every step, whatever the bound (0 by default: a
 floor of 0.1 gained 2-3.5% in the simulator on the CPU profile but was level end to end on vLLM-CPU,
-benchmarks/RESULTS.md, "A floor on the price, end to end").
+docs/notes/results-log.md, "A floor on the price, end to end").
 
 Drafts sampled from a draft distribution
 (`Draft.probs` set) are trimmed with the non-anticipating greedy search, deterministic drafts with the
@@ -77,12 +77,12 @@ class AdaptiveLength:
         request_correction: float = pydantic.Field(default=8.0, ge=0.0)  # pseudo-trials; 0 = off
         # Calibrate confidences in one table per outcome of the request's last step (nothing verified, all
         # accepted, some, none): at equal confidence a draft right after a rejected one is accepted less. Off by
-        # default until measured end to end (benchmarks/RESULTS.md).
+        # default until measured end to end (docs/notes/results-log.md).
         calibrate_by_outcome: bool = False
         max_draft_tokens_per_step: int | None = pydantic.Field(default=None, ge=0)  # over the whole batch
         # "measured": every step also pays the time the engine's measured steps show beyond the cost model
         # (where the engine reports step intervals; StepTimeFit). "model": the cost model alone. Off by
-        # default: measured under `vllm serve` only so far (benchmarks/RESULTS.md, "The policy charging the
+        # default: measured under `vllm serve` only so far (docs/notes/results-log.md, "The policy charging the
         # served engine's measured step overhead"; an in-process A/B of an earlier, unfitted form lost).
         step_overhead: Literal["measured", "model"] = "model"
         overhead_decay: float = pydantic.Field(default=0.95, gt=0.0, lt=1.0)
