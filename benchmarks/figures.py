@@ -33,6 +33,8 @@ HOST = ["suffix_tree fixed", "suffix_tree adaptive", "ngram fixed", "vLLM suffix
 HOST_TIME = "benchmarks/host_time/cpu2-step-overhead-2026-12-05-split.json"
 GOODPUT = "benchmarks/policy_sim/versus_native_h200_llama8b_host_whole.json"
 SWEEP = "benchmarks/sweep-cpu-replicates/results.json"
+POLICY_SIM = "benchmarks/policy_sim/h200_llama8b_suffix_tree_host.json"
+E2E = "benchmarks/versus_native_e2e/cpu-e2e-confirm-2026-12-05.json"
 
 
 def _load(rel: str) -> dict:
@@ -127,6 +129,8 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|" + "---|" * len(batches))
     for p in HOST:
         print(f"| {p} | " + " | ".join(f"{host[p][b]:,.0f}" for b in batches) + " |")
+    ratio = {r["proposer"]: r["vs_vllm_suffix"] for r in _load(HOST_TIME)["rows"] if r["batch"] == max(batches)}
+    print(f"at B = {max(batches)}, x vLLM suffix: " + ", ".join(f"{p} {ratio[p]:.3f}x" for p in HOST))
     print(f"\ngoodput.png: ours + adaptive / best native (its K) ({GOODPUT})")
     gb = sorted(next(iter(good.values())))
     print("| workload | " + " | ".join(f"B = {b}" for b in gb) + " |")
@@ -160,7 +164,36 @@ def main(argv: list[str] | None = None) -> None:
                   plot_title("SmolLM2-135M-Instruct", sweep["workload"], sweep["max_tokens"], sweep["rounds"]))
     written.append("sweep_pareto.png")
     print(f"\nsweep_pareto.png: frontier {sweep['frontier']} ({SWEEP})")
+    print("| concurrency | best adaptive cap | tokens/s | best static K | tokens/s | ratio | paired |")
+    print("|---|---|---|---|---|---|---|")
+    for a in sweep["adaptive"]:
+        print(f"| {a['concurrency']} | {a['adaptive']} | {a['tokens_per_s']:.1f} | {a['best_static']} | "
+              f"{a['static_tokens_per_s']:.1f} | {a['ratio']:.3f}x | {a['paired']:.3f}x |")
+    tables()
     print(f"\nwrote {', '.join(written)} to {args.out}")
+
+
+def tables() -> None:
+    """The results page's other figures that have no plot, from their committed JSON."""
+    sim = _load(POLICY_SIM)["summary"]["rows"]
+    print(f"\nadaptive / best static D, suffix tree traces, H200 roofline, host time charged ({POLICY_SIM})")
+    print("| batch | " + " | ".join(str(r["batch"]) for r in sim) + " |")
+    print("|---|" + "---|" * len(sim))
+    print("| adaptive / best static | " + " | ".join(f"{r['adaptive_vs_best_static']:.3f}x" for r in sim) + " |")
+    print("| hindsight / best static | " + " | ".join(f"{r['hindsight_vs_best_static']:.3f}x" for r in sim) + " |")
+    rows = _load(E2E)["rows"]
+    print(f"\nend to end, vLLM-CPU + SmolLM2, output tokens/s, median of rounds ({E2E})")
+    print("| concurrency | none | ours + adaptive (AL) | best native (config) | ours / best native | all identical |")
+    print("|---|---|---|---|---|---|")
+    for c in sorted({r["concurrency"] for r in rows}):
+        at = [r for r in rows if r["concurrency"] == c]
+        none = next(r for r in at if r["config"] == "none")
+        ours = next(r for r in at if r["config"].startswith("suffix_tree+adaptive"))
+        native = max((r for r in at if r["config"].startswith("vllm:")), key=lambda r: r["median_tokens_per_s"])
+        print(f"| {c} | {none['median_tokens_per_s']:.1f} | {ours['median_tokens_per_s']:.1f} "
+              f"({ours['acceptance_length']:.2f}) | {native['median_tokens_per_s']:.1f} ({native['config']}) | "
+              f"{ours['median_tokens_per_s'] / native['median_tokens_per_s']:.3f}x | "
+              f"{'yes' if all(r['identical'] for r in at) else 'no'} |")
 
 
 if __name__ == "__main__":
