@@ -24,7 +24,7 @@ temperatures of sampled speculative batches, and requires both checks to fail.
 
 CI runs the fast slice (`FAST`); the other cells carry the `matrix_full` marker and are deselected unless
 `SPEC_PLUGINS_MATRIX=full` is set (`SPEC_PLUGINS_MATRIX=full pytest integration_tests/test_matrix.py`; its time
-and results are in benchmarks/RESULTS.md).
+and results are in docs/notes/results-log.md).
 """
 
 from __future__ import annotations

@@ -325,26 +325,26 @@ def test_docs_list_every_patch_as_the_registry_does():
     assert listed == patches.markdown_table(), "regenerate docs/vllm-on-gpu.md's table from patches.markdown_table()"
 
 
-# README "On a GPU (vLLM 0.33)": row label -> the scenario that establishes it
-README_ROWS = {"no speculation": "no-speculation", "vLLM `ngram`": "vllm-ngram",
-               "vLLM `dflash`, our DFlash checkpoint": "dflash",
-               "vLLM `dspark`, our DSpark checkpoint (vanilla heads)": "dspark-native",
-               "our `custom_class` proposers (suffix tree, n-gram, any policy)": "readme-suffix-tree",
-               "our DSpark checkpoint under `method: dflash`": "dspark-under-dflash",
-               "the same with a `spec_plugins` policy": "dspark-under-dflash-policy"}
+# docs/vllm-on-gpu.md "What each method gets on a GPU": row label -> the scenario that establishes it
+GPU_TABLE_ROWS = {"no speculation": "no-speculation", "vLLM `ngram`": "vllm-ngram",
+                  "vLLM `dflash`, our DFlash checkpoint": "dflash",
+                  "vLLM `dspark`, our DSpark checkpoint (vanilla heads)": "dspark-native",
+                  "our `custom_class` proposers (suffix tree, n-gram, any policy)": "readme-suffix-tree",
+                  "our DSpark checkpoint under `method: dflash`": "dspark-under-dflash",
+                  "the same with a `spec_plugins` policy": "dspark-under-dflash-policy"}
 
 
-def test_readme_gpu_table_is_what_the_tests_found(gpu_configs):
-    text = (ROOT / "README.md").read_text()
-    table = text[text.index("### On a GPU (vLLM 0.33)"):]
+def test_docs_gpu_table_is_what_the_tests_found(gpu_configs):
+    text = (ROOT / "docs/vllm-on-gpu.md").read_text()
+    table = text[text.index("## What each method gets on a GPU"):]
     rows = {}
     for line in table.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if line.startswith("| ") and len(cells) == 5 and cells[0] in README_ROWS:
+        if line.startswith("| ") and len(cells) == 5 and cells[0] in GPU_TABLE_ROWS:
             rows[cells[0]] = cells
-    assert set(rows) == set(README_ROWS)
+    assert set(rows) == set(GPU_TABLE_ROWS)
     for label, (_, runner, scheduling, graphs, _) in rows.items():
-        found = _ok(gpu_configs[README_ROWS[label]])
+        found = _ok(gpu_configs[GPU_TABLE_ROWS[label]])
         assert runner.startswith("V2" if found["v2"] else "V1"), label
         assert scheduling.startswith("on" if found["async_scheduling"] else "off"), label
         assert graphs == found["cudagraph_mode"], label

@@ -7,7 +7,7 @@
 // /sys/kernel/mm/transparent_hugepage/enabled says "always"; malloc marks nothing, and gives each block
 // above 128 KB a mapping of its own, too small for a 2 MB page anyway. Measured on this project's 2-core
 // VM (THP "madvise"), the suffix tree's C++ step at 256 requests ran ~0.8x the time with its arrays on such
-// pages (benchmarks/RESULTS.md).
+// pages (docs/notes/results-log.md).
 //
 // So blocks of at least kSmallest bytes come from chunks of kChunk bytes, 2 MB aligned and marked
 // MADV_HUGEPAGE, cut in size classes four to a doubling (at most ~25% of a block unused) and kept on a

@@ -9,7 +9,7 @@
 //
 // (0.28 at m = 1, 0.85 at 8, 0.92 at 16), on code edits, chat and code completion alike: measured as the
 // fraction of copied tokens accepted given m on replayed requests, with drafts always K long (the table is in
-// benchmarks/suffix_tree_results.md, "What the copy draft does"). A copy's path probability is the product of h
+// docs/notes/suffix-tree-variants.md, "What the copy draft does"). A copy's path probability is the product of h
 // over its tokens, with m growing by one per token.
 #pragma once
 

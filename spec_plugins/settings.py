@@ -18,10 +18,10 @@ from spec_plugins.registry import create_policy, create_proposer
 class ProposerSettings(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid")
 
-    proposer: str = "suffix_tree"
-    proposer_options: dict[str, Any] = pydantic.Field(default_factory=dict)
-    policy: str = "fixed"
-    policy_options: dict[str, Any] = pydantic.Field(default_factory=dict)
+    proposer: str = "suffix_tree"  # a registered proposer (`spec_plugins.proposers` entry points)
+    proposer_options: dict[str, Any] = pydantic.Field(default_factory=dict)  # checked against its Options
+    policy: str = "fixed"  # the draft-length policy: fixed (draft up to K) or adaptive
+    policy_options: dict[str, Any] = pydantic.Field(default_factory=dict)  # checked against its Options
 
     def build(self, where: str):
         """The proposer and policy these settings name; a bad name or option is one ValueError

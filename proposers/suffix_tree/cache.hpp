@@ -87,7 +87,7 @@ class Cache {
   // price: the adaptive policy's least survival a kept token can have this step (DraftBatch.token_price): the
   // draft is the unpriced one up to its last token whose path probability is >= price. The candidates are
   // chosen as unpriced (choosing them net of the price lost modelled goodput on the replays, see
-  // benchmarks/RESULTS.md), so a priced draft is always a prefix of the unpriced one.
+  // docs/notes/results-log.md), so a priced draft is always a prefix of the unpriced one.
   // The score stays the unpriced draft's.
   Draft speculate(Req& r, i32 max_tokens, double price = 0.0) {
     Draft best;

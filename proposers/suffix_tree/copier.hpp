@@ -18,7 +18,7 @@
 //     occurrence (recency wins for long matches).
 // The state is a function of the token sequence alone (not of when drafts are asked for).
 //
-// The constants below were fitted on replayed requests (benchmarks/suffix_tree_results.md); each is the default
+// The constants below were fitted on replayed requests (docs/notes/suffix-tree-variants.md); each is the default
 // of the suffix-tree proposer's option copy_<name> (copy_drafts for `on`; proposers/suffix_tree/proposer.py).
 #pragma once
 

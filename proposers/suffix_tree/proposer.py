@@ -12,7 +12,7 @@ own text from an earlier occurrence of its tail -- near where a copy last broke 
 the oldest (short tails) or most recent (long tails) occurrence -- with a per-token probability
 calibrated on match length, h(m) = 1 - c / (m + d). The count draft's score is discounted by the
 same h before the two compare, and the copy wins ties. This is what lifts code edits and looping
-answers (benchmarks/suffix_tree_results.md); ``copy_min_prob`` trades draft length for acceptance.
+answers (docs/notes/suffix-tree-variants.md); ``copy_min_prob`` trades draft length for acceptance.
 
 All the work is in `_core` (`_core.cpp` over the headers beside it: `tree.hpp` the suffix tree, `copier.hpp` the
 copy drafts, `cache.hpp` the requests, the global tree and the batched step, `ahead.hpp` the tokens appended

