@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from spec_plugins.policy.measured import MeasuredCost, load_profile, save_profile
-from spec_plugins.policy.profile import profile_engine
+from spec_plugins.bench.profile import profile_engine
 
 from .conftest import requires_vllm
 

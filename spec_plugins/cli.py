@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=_cmd_demo)
 
     from spec_plugins.bench.sweep import add_sweep_parser
-    from spec_plugins.policy.profile import add_profile_parser
+    from spec_plugins.bench.profile import add_profile_parser
     from spec_plugins.training import add_train_parser
     from spec_plugins.trtllm.launcher import add_trtllm_parser
 

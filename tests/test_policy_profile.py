@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from spec_plugins.policy.measured import FORMAT, MeasuredCost, load_profile, save_profile
-from spec_plugins.policy.profile import plot_profile
+from spec_plugins.bench.profile import plot_profile
 
 
 def point(batch, draft, step_ms, runs=None):
@@ -177,7 +177,7 @@ def test_loading_a_profile_imports_no_profiler():
     code = ("import sys\nfrom spec_plugins.policy.measured import MeasuredCost, profile_path\n"
             "MeasuredCost(profile_path('vllm-cpu-smollm2-135m')).step_time([3, 0], [256, 256])\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('matplotlib', 'rich', 'vllm')\n"
-            "             or m in ('spec_plugins.policy.profile', 'spec_plugins.bench.vllm_run')))")
+            "             or m in ('spec_plugins.bench.profile', 'spec_plugins.bench.vllm_run')))")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert res.stdout.strip() == "[]", res.stdout
 
@@ -224,7 +224,7 @@ def test_cli_bad_input(tmp_path, args, message):
 
 def test_decode_steps_are_the_full_batch_steps_less_first_and_last():
     from spec_plugins.bench.vllm_run import RunResult
-    from spec_plugins.policy.profile import _decode_steps
+    from spec_plugins.bench.profile import _decode_steps
 
     # Batch 2, 6 tokens each: a prefill step (chunked into two here), then 5 decode steps.
     steps = [9.0, 8.0, 1.5, 1.0, 1.1, 1.2, 1.4]
@@ -419,7 +419,7 @@ def test_plot_of_a_profile_at_two_contexts(tmp_path):
 
 
 def test_cpu_kv_cache_is_sized_for_the_largest_batch(monkeypatch):
-    from spec_plugins.policy.profile import _cpu_kv_cache
+    from spec_plugins.bench.profile import _cpu_kv_cache
 
     smollm2 = {"num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576, "num_hidden_layers": 30}
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)

@@ -2,7 +2,7 @@
 
 Loaded inside the serving engine (the adaptive policy in the vLLM worker or the TensorRT-LLM drafter,
 through `spec_plugins.policy.cost.step_cost`, when its options name a profile), and by the planner and
-the simulator. It is apart from the profiler that writes profiles (`spec_plugins.policy.profile`, which
+the simulator. It is apart from the profiler that writes profiles (`spec_plugins.bench.profile`, which
 drives a live engine and plots with matplotlib) so that loading a profile imports none of that.
 
 The saved JSON (`load_profile` validates it; readers ignore keys they do not know):
@@ -22,7 +22,7 @@ One point per (batch, draft) cell: tokens = batch·(1 + draft) verified per step
 of runs (each the median ms per decode step of one run, one run per repeat). drafted_per_step and
 accepted_per_step (optional) are vLLM's spec-decode metrics over the timed runs: draft tokens and
 accepted tokens per request-step (null without speculation); drafted_per_step ≈ draft shows that the
-engine verified what was drafted. How the steps are timed is in `spec_plugins.policy.profile`.
+engine verified what was drafted. How the steps are timed is in `spec_plugins.bench.profile`.
 
 With `contexts`, a step's cost also depends on each request's context length, so verified tokens over long
 contexts pay the attention a profile at one context leaves out. The shortest profiled context is the
