@@ -32,4 +32,8 @@ def test_demo_writes_rows(tmp_path):
         assert set(row) == {"proposer", "acceptance_length", "tokens_per_s", "speedup", "identical"}
         assert row["tokens_per_s"] > 0
         assert row["identical"] is True
-    assert rows[0]["speedup"] == 1.0
+    base, spec = rows
+    assert base["acceptance_length"] == 1.0  # no drafts without speculation
+    assert spec["acceptance_length"] > 1.0  # the suffix tree's drafts were accepted
+    # the speed-up is the measured throughput ratio, not a constant
+    assert spec["speedup"] == pytest.approx(spec["tokens_per_s"] / base["tokens_per_s"], rel=0.01)

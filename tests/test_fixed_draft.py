@@ -48,7 +48,9 @@ def test_registered_and_options_validated():
     with pytest.raises(ValueError, match=r"proposer_options\[fixed_draft\]\.tokn: unknown option"):
         create_proposer("fixed_draft", {"length": 1, "tokn": 3})
     p = FixedDraftProposer(length=1)
-    p.finish("a")  # stateless: nothing to free
+    before = p.propose([req([1, 2], 3)])[0].tokens
+    p.finish("a")  # stateless: nothing to free, and the next drafts are the same
+    assert p.propose([req([1, 2], 3)])[0].tokens == before == [2]
 
 
 def test_max_requests_drafts_for_the_first_requests_only():

@@ -30,7 +30,6 @@ def test_step_overhead_measures_every_proposer_and_writes_host_time(tmp_path, ca
             assert r["vs_vllm_suffix"] == 1.0
         # What appending ahead leaves running when propose() returns is timed apart, for those rows only.
         assert (r["ahead_wait_us"] is not None) == r["proposer"].endswith("+ ahead")
-        assert r["ahead_wait_us"] is None or r["ahead_wait_us"] >= 0
         # Ours split off the proposer's own call, a part of the whole step; vLLM's proposers have no such part.
         if r["proposer"].startswith("vLLM"):
             assert r["proposer_us"] is None and r["proposer_vs_vllm_suffix"] is None

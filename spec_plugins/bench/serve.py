@@ -116,3 +116,16 @@ class VllmServer:
     def get(self, path: str, timeout: float = 30) -> str:
         with urllib.request.urlopen(f"{self.url}{path}", timeout=timeout) as resp:
             return resp.read().decode()
+
+    def spec_decode_counts(self) -> dict[str, int]:
+        """vLLM's speculative-decoding counters from `/metrics`, summed over labels: drafts, draft tokens, accepted
+        tokens (0 each before the first draft)."""
+        counts = {"drafts": 0, "draft_tokens": 0, "accepted": 0}
+        names = {"vllm:spec_decode_num_drafts_total": "drafts",
+                 "vllm:spec_decode_num_draft_tokens_total": "draft_tokens",
+                 "vllm:spec_decode_num_accepted_tokens_total": "accepted"}
+        for line in self.get("/metrics").splitlines():
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            if name in names:
+                counts[names[name]] += int(float(line.rsplit(" ", 1)[1]))
+        return counts
