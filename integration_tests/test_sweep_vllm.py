@@ -54,13 +54,17 @@ def test_sweep_writes_the_frontier_the_best_configs_and_plan_traces(tiny_llama, 
                                                               ("suffix_tree", "2")]
     assert all(r["identical"] == "True" for r in rows)  # greedy output of the speculative server = no speculation
     spec = [r for r in rows if r["method"] == "suffix_tree"]
-    assert all(float(r["acceptance_length"]) >= 1.0 and float(r["tokens_per_s"]) > 0 for r in spec)
+    assert all(float(r["tokens_per_s"]) > 0 for r in spec)
+    assert max(float(r["acceptance_length"]) for r in spec) > 1.0  # the suffix tree's drafts were accepted
     doc = json.loads((out / "results.json").read_text())
     assert doc["format"] == sweep.FORMAT and doc["frontier"]
     assert all(req["output_tokens"] > 0 and req["ttft_s"] <= req["latency_s"] for load in doc["loads"]
                for req in load["requests"])
     best = json.loads((out / "best_configs.json").read_text())
-    assert best[0]["config"] in ("none", "suffix_tree K=4") and best[0]["vllm_serve_args"] is not None
+    # every row meets the 10 s target: the pick is the row with the most tokens/s, and its serve arguments
+    fastest = max(doc["rows"], key=lambda r: (r["tokens_per_s"], r["tokens_per_s_per_user"]))
+    assert (best[0]["config"], best[0]["concurrency"]) == (fastest["config"], fastest["concurrency"])
+    assert best[0]["vllm_serve_args"] is not None
     assert (out / "pareto.png").stat().st_size > 10_000
     cats = {(c["config"], c["category"]) for c in csv.DictReader(open(out / "categories.csv"))}
     assert ("suffix_tree K=4", "code") in cats or ("suffix_tree K=4", "chat") in cats
