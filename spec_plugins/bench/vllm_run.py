@@ -237,26 +237,18 @@ def _serve(conn: Any, spec_dict: dict, log_path: str) -> None:
         conn.send(("ready", None))
         while True:
             msg = conn.recv()  # "generate", ("generate", overrides) or "close"
-            detail = False
-            if msg == "generate":
-                prompts, params = default_prompts, default_params
-            elif isinstance(msg, tuple) and msg[0] == "generate":
-                detail = bool(msg[1].get("detail"))
-                try:
-                    prompts, params = _call_inputs(llm, spec, msg[1])
-                except Exception as exc:  # SamplingParams refused them
-                    if not (detail and _refused(exc)):
-                        raise
-                    conn.send(("result", asdict(RunResult([], [], 0.0, 0, error=f"{type(exc).__name__}: {exc}"))))
-                    continue
-            else:
+            overrides = msg[1] if isinstance(msg, tuple) and msg[0] == "generate" else None
+            if msg != "generate" and overrides is None:
                 break
-            before = _spec_metrics(llm)
-            steps.clear()
-            start = time.perf_counter()
-            try:
+            detail = bool(overrides and overrides.get("detail"))
+            try:  # SamplingParams or the engine may refuse a request; the engine keeps serving
+                prompts, params = (default_prompts, default_params) if overrides is None else \
+                    _call_inputs(llm, spec, overrides)
+                before = _spec_metrics(llm)
+                steps.clear()
+                start = time.perf_counter()
                 outputs = llm.generate(prompts, params, use_tqdm=False)
-            except Exception as exc:  # the engine refused a request; it keeps serving
+            except Exception as exc:
                 if not (detail and _refused(exc)):
                     raise
                 conn.send(("result", asdict(RunResult([], [], 0.0, 0, error=f"{type(exc).__name__}: {exc}"))))

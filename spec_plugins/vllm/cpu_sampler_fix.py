@@ -48,7 +48,7 @@ from spec_plugins.vllm.versions import version_in
 # A child of vLLM's logger: vLLM configures "vllm" (INFO, its format), so start-up lines show in its log.
 logger = logging.getLogger("vllm.spec_plugins")
 
-ENV_SWITCH = "SPEC_PLUGINS_CPU_SAMPLER_FIX"
+ENV_SWITCH = patches.CPU_FIX_SWITCH
 # vLLM versions whose CPU code has both defects (the contract tests check this against their sources).
 AFFECTED = ((0, 32), (0, 33))
 MODULE = "vllm.utils.cpu_triton_utils"

@@ -31,7 +31,7 @@ from spec_plugins.vllm.versions import version_in
 
 logger = logging.getLogger("vllm.spec_plugins")
 
-ENV_SWITCH = "SPEC_PLUGINS_MIN_TOKENS_FIX"
+ENV_SWITCH = patches.MIN_TOKENS_FIX_SWITCH
 AFFECTED = ((0, 32), (0, 33))
 SAMPLER_MODULE = "vllm.v1.sample.sampler"
 
@@ -75,18 +75,19 @@ def bonus_positions(sampling_metadata: Any) -> Iterator[None]:
         entries = getattr(proc, "min_toks", None)
         if not entries or not hasattr(proc, "logits_slice"):
             continue
-        reached = [i for i, (min_tokens, out, *_rest) in entries.items()
-                   if i < len(drafts) and len(out) + len(drafts[i]) >= min_tokens]
+        reached = {i for i, (min_tokens, out, *_rest) in entries.items()
+                   if i < len(drafts) and len(out) + len(drafts[i]) >= min_tokens}
         if not reached:
             continue
         saved.append((proc, entries, proc.logits_slice, proc.restore_logits_slice))
-        done = torch.tensor(reached, dtype=proc.logits_slice[0].dtype, device=proc.logits_slice[0].device)
+        rows = proc.logits_slice[0]
+        done = torch.tensor(sorted(reached), dtype=rows.dtype, device=rows.device)
 
         def still_masked(index: tuple[Any, Any]) -> tuple[Any, Any]:
             keep = ~torch.isin(index[0], done)
             return index[0][keep], index[1][keep]
 
-        proc.min_toks = {i: e for i, e in entries.items() if i not in set(reached)}
+        proc.min_toks = {i: e for i, e in entries.items() if i not in reached}
         proc.logits_slice = still_masked(proc.logits_slice)
         proc.restore_logits_slice = still_masked(proc.restore_logits_slice)
     try:
