@@ -349,9 +349,10 @@ class BatchCapped(Protocol):
 
 @runtime_checkable
 class BindsModel(Protocol):
-    """A policy that costs the engine's own model: engines hand it their model config (a dict)."""
+    """A policy that costs the engine's own model: engines hand it their model config (a dict) and, where they
+    know it, their device type ("cuda", "cpu"; None: the policy reads it where it first costs a step)."""
 
-    def bind_model(self, model: Any, source: str = ...) -> None: ...
+    def bind_model(self, model: Any, source: str = ..., device: str | None = ...) -> None: ...
 
 
 def check_cap(value: Any, name: str, *, allow_zero: bool = False) -> int:

@@ -101,10 +101,10 @@ class DraftingLayer:
 
     # ---- what adapters hand through -------------------------------------------------------------
 
-    def bind_model(self, model: Any, source: str) -> None:
-        """Hand the engine's model config to a policy that costs it (`adaptive` with `hardware` alone)."""
+    def bind_model(self, model: Any, source: str, device: str | None = None) -> None:
+        """Hand the engine's model config and device type to a policy that costs them (`adaptive`)."""
         if isinstance(self.policy, BindsModel):
-            self.policy.bind_model(model, source=source)
+            self.policy.bind_model(model, source=source, device=device)
 
     def engine_on_accelerator(self, on_accelerator: bool) -> None:
         """Tell the proposer whether the engine's forward runs on an accelerator (core.RunsBesideEngine)."""

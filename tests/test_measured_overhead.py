@@ -118,6 +118,37 @@ def test_step_fit_tells_an_offset_from_a_slower_machine():
     assert StepTimeFit(0.95).offset() == 0.0
 
 
+def test_step_fit_keeps_its_measured_slope_once_the_steps_stop_varying():
+    rng = np.random.default_rng(5)
+    fit = StepTimeFit(0.95)
+    for _ in range(200):  # drafting: the steps vary, and verified tokens cost twice the model
+        m = rng.uniform(0.10, 0.20)
+        fit.add(m, 2.0 * (m - 0.05))
+    slope, offset = fit.slope(), fit.offset(lowest=-np.inf)
+    assert slope == pytest.approx(2.0, rel=0.03) and offset == pytest.approx(-0.05, rel=0.1)
+    for _ in range(500):  # drafting stopped: every step the base step, as the same truth prices it
+        fit.add(0.10, 2.0 * (0.10 - 0.05))
+    # No drift back toward slope 1 (which would read the same steps as a positive offset, make tokens look
+    # cheap and restart drafting with nothing new learnt): the same slope, the same negative offset.
+    assert fit.slope() == pytest.approx(slope, rel=0.02)
+    assert fit.offset(lowest=-np.inf) == pytest.approx(offset, rel=0.05)
+    never = StepTimeFit(0.95)
+    for _ in range(500):
+        never.add(0.10, 0.05)  # never varied: a faster machine, not dearer tokens
+    assert never.slope() == pytest.approx(1.0) and never.offset(lowest=-np.inf) == 0.0
+
+
+def test_an_engine_far_faster_than_its_prior_reads_as_cheap_tokens_not_dear_ones():
+    rng = np.random.default_rng(6)
+    fit = StepTimeFit(0.95)
+    for _ in range(300):  # a tiny model on the CPU prior: 20x faster, and a verified token nearly free
+        m = rng.uniform(0.10, 0.20)
+        fit.add(m, 0.005 + 0.002 * (m - 0.10))
+    # measured = b (modelled + c): b ~ 0.002 and a large positive c, so drafts look as cheap as they are. A
+    # floor on the slope (there was one at 0.25) would read the same steps as dear tokens and stop drafting.
+    assert fit.slope() == pytest.approx(0.002, rel=0.1) and fit.offset() > 1.0
+
+
 def test_dearer_tokens_read_as_a_negative_offset_only_where_the_slope_is_measured():
     rng = np.random.default_rng(2)
     dear, fast_flat = StepTimeFit(0.95), StepTimeFit(0.95)
@@ -146,7 +177,7 @@ def test_a_negative_offset_keeps_shorter_drafts_bounded_by_the_base_step():
 
 
 def test_measured_overhead_off_and_outliers():
-    assert AdaptiveLength.Options().step_overhead == "model"  # off unless asked for
+    assert AdaptiveLength.Options().step_overhead == "measured"  # on unless turned off
     off = cpu_policy(step_overhead="model")
     one_step(off)
     off.observe_step_interval(10.0)

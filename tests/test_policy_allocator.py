@@ -247,8 +247,8 @@ def test_adaptive_policy_uses_confidences_and_history():
 
 
 def test_adaptive_policy_options_errors():
-    with pytest.raises(ValueError, match="exactly one of 'hardware'"):
-        AdaptiveLength()
+    with pytest.raises(ValueError, match="at most one of 'hardware'"):
+        AdaptiveLength(hardware="h200", profile="vllm-cpu-smollm2-135m")
     with pytest.raises(ValueError, match=r"policy_options.min_gain: .*less than or equal to 1"):
         create_policy("adaptive", {"min_gain": 5, "hardware": "h200"})
     with pytest.raises(ValueError, match=r"policy_options.speed: unknown option"):

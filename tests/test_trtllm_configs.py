@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from spec_plugins.core import Draft, DraftRequest
 from spec_plugins.registry import create_policy, create_proposer
 from spec_plugins.trtllm import versions
 from spec_plugins.trtllm.config_files import check_config_file, split_vllm_file
@@ -74,10 +75,14 @@ def test_our_sections_build_a_real_proposer_and_policy(name):
     proposer = create_proposer(section.proposer, section.proposer_options)
     policy = create_policy(section.policy, section.policy_options)
     assert hasattr(proposer, "propose") and hasattr(policy, "caps")
-    assert policy.cost is not None  # hardware + model_config: a cost model without the engine's help
+    # No options: the engine's model and device make the cost model (here a served Llama-3.1-8B on a CPU host).
+    assert section.policy_options == {} and policy.cost is None
+    policy.bind_model(json.loads((CONFIGS / "models" / "llama-3.1-8b.json").read_text()), device="cpu")
+    assert policy.trim([DraftRequest(1, [1, 2, 3], 1, 4)], [Draft([1, 2, 3, 4], confidence=[0.9] * 4)])[0] >= 0
+    assert policy.cost is not None and "prior from the engine's device" in policy.cost_source
     doc = json.loads((CONFIGS / "vllm" / f"{name}.json").read_text())
     vllm_section = doc["additional_config"]["spec_plugins"]
-    assert vllm_section["policy"] == "adaptive" and vllm_section["policy_options"]["hardware"] == "h200"
+    assert vllm_section["policy"] == "adaptive" and "policy_options" not in vllm_section
 
 
 def test_trtllm_and_vllm_adaptive_configs_plan_the_same_k():

@@ -88,6 +88,15 @@ def fake_trtllm(monkeypatch):
     return root
 
 
+@pytest.fixture
+def llama_dir(tmp_path, monkeypatch):
+    """A served model's folder as TensorRT-LLM gets it: its config.json (a Llama-3.1-8B shape), no weights needed
+    here. Hub lookups are off, so a name that is no folder fails at once instead of waiting on the network."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    (tmp_path / "config.json").write_text((CONFIGS.parent / "models" / "llama-3.1-8b.json").read_text())
+    return str(tmp_path)
+
+
 def test_missing_trtllm_is_one_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorrt_llm", None)  # import fails as on a machine without it
     with pytest.raises(RuntimeError) as err:
@@ -103,11 +112,11 @@ def test_too_old_trtllm_is_refused(fake_trtllm):
         launcher.build_llm("m", CONFIGS / "native-ngram.yaml")
 
 
-def test_our_section_becomes_a_user_provided_drafter(fake_trtllm):
-    llm = launcher.build_llm("meta-llama/Llama-3.1-8B-Instruct", CONFIGS / "suffix_tree-adaptive.yaml")
+def test_our_section_becomes_a_user_provided_drafter(fake_trtllm, llama_dir):
+    llm = launcher.build_llm(llama_dir, CONFIGS / "suffix_tree-adaptive.yaml")
     assert llm is FakeLLM.instances[-1]
     assert set(llm.kwargs) == {"model", "speculative_config", "disable_overlap_scheduler"}
-    assert llm.kwargs["model"] == "meta-llama/Llama-3.1-8B-Instruct"
+    assert llm.kwargs["model"] == llama_dir
     assert llm.kwargs["disable_overlap_scheduler"] is True
     config = llm.kwargs["speculative_config"]
     assert isinstance(config, FakeUserProvidedDecodingConfig)
@@ -120,7 +129,7 @@ def test_our_section_becomes_a_user_provided_drafter(fake_trtllm):
     assert drafter.kwargs == {
         "max_draft_len": 16, "proposer": "suffix_tree",
         "proposer_options": {"max_depth": 24, "max_cached_requests": 10000, "append_ahead": True},
-        "policy": "adaptive", "policy_options": {"hardware": "h200", "model_config": "llama-3.1-8b"},
+        "policy": "adaptive", "policy_options": {},
         "draft_len_schedule": schedule, "max_concurrency": None,
     }
     assert config.kwargs["max_draft_len"] == 16 and config.kwargs["draft_len_schedule"] == schedule
@@ -156,7 +165,7 @@ def test_native_config_goes_through_unchanged(fake_trtllm):
     }
 
 
-def test_yaml_mappings_become_config_objects_where_trtllm_has_the_helper(fake_trtllm, monkeypatch):
+def test_yaml_mappings_become_config_objects_where_trtllm_has_the_helper(fake_trtllm, monkeypatch, llama_dir):
     calls = []
 
     def update_llm_args_with_extra_dict(llm_args, llm_args_dict, extra_llm_api_options=None):
@@ -169,9 +178,21 @@ def test_yaml_mappings_become_config_objects_where_trtllm_has_the_helper(fake_tr
     monkeypatch.setitem(sys.modules, "tensorrt_llm.llmapi.llm_utils", utils)
     native = launcher.build_llm("m", CONFIGS / "native-ngram.yaml")
     assert native.kwargs["speculative_config"][0] == "converted"
-    ours = launcher.build_llm("m", CONFIGS / "ngram-adaptive.yaml")
+    ours = launcher.build_llm(llama_dir, CONFIGS / "ngram-adaptive.yaml")
     assert "speculative_config" not in calls[-1]  # the UserProvided marker never reaches TensorRT-LLM's parser
     assert isinstance(ours.kwargs["speculative_config"], FakeUserProvidedDecodingConfig)
+
+
+def test_adaptive_without_the_served_models_config_is_one_line(fake_trtllm, llama_dir, tmp_path):
+    with pytest.raises(ValueError, match=r"^spec_plugins.policy_options.model_config: the served model's config.json "
+                                         r"was not found for '/no/such/model'") as exc:
+        launcher.build_llm("/no/such/model", CONFIGS / "suffix_tree-adaptive.yaml")
+    assert "\n" not in str(exc.value)
+    named = tmp_path / "named.yaml"  # the same section naming the model's shape: no config.json needed
+    named.write_text((CONFIGS / "suffix_tree-adaptive.yaml").read_text().replace(
+        "  policy: adaptive", "  policy_options: {model_config: llama-3.1-8b}\n  policy: adaptive"))
+    assert launcher.build_llm("/no/such/model", named).kwargs["speculative_config"].kwargs["drafter"].kwargs[
+        "policy_options"] == {"model_config": "llama-3.1-8b"}
 
 
 def test_the_config_is_checked_against_the_installed_version(fake_trtllm):
@@ -181,11 +202,11 @@ def test_the_config_is_checked_against_the_installed_version(fake_trtllm):
     assert launcher.build_llm("m", CONFIGS / "native-dflash.yaml").kwargs["speculative_config"]["decoding_type"] == "DFlash"
 
 
-def test_serve_builds_the_1_2_openai_server(fake_trtllm):
-    launcher.serve("/models/llama", CONFIGS / "ngram-adaptive.yaml", host="0.0.0.0", port=8123)
+def test_serve_builds_the_1_2_openai_server(fake_trtllm, llama_dir):
+    launcher.serve(llama_dir, CONFIGS / "ngram-adaptive.yaml", host="0.0.0.0", port=8123)
     server = FakeOpenAIServer.instances[-1]
     assert server.args["llm"] is FakeLLM.instances[-1]
-    assert server.args["model"] == "/models/llama"
+    assert server.args["model"] == llama_dir
     assert server.args["tool_parser"] is None and server.args["server_role"] is None
     assert server.served_at == ("0.0.0.0", 8123)
 
@@ -213,8 +234,8 @@ def _parse(argv):
     return parser.parse_args(argv)
 
 
-def test_serve_command(fake_trtllm):
-    args = _parse(["trtllm", "serve", "/models/llama", "--config", str(CONFIGS / "suffix_tree-adaptive.yaml"),
+def test_serve_command(fake_trtllm, llama_dir):
+    args = _parse(["trtllm", "serve", llama_dir, "--config", str(CONFIGS / "suffix_tree-adaptive.yaml"),
                    "--port", "9000"])
     assert (args.host, args.port) == ("localhost", 9000)
     args.func(args)

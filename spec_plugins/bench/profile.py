@@ -152,6 +152,8 @@ def profile_engine(
     if isinstance(limit, int) and context_len + room > limit:
         raise ValueError(f"context_len: expected at most {limit - room} for this model "
                          f"(max_position_embeddings {limit}, steps {steps}), got {context_len}")
+    from spec_plugins.policy.measured import model_shape
+
     engine = _engine_name()
     if "cpu" in engine:
         env = _cpu_kv_cache(cfg, dtype, max(batch_sizes) * (context_len + room), env)
@@ -175,6 +177,7 @@ def profile_engine(
         "engine": engine,
         "device": device_name(),
         "model": model,
+        "model_shape": model_shape(cfg),
         "dtype": dtype,
         "context_len": context_len,
         "steps": steps,

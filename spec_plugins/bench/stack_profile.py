@@ -161,6 +161,9 @@ def main(argv: list[str] | None = None) -> None:
         "engine": f"torch {torch.__version__} decoder stack in CUDA graphs (no serving engine)",
         "device": torch.cuda.get_device_name(0),
         "model": Path(args.model_config).stem,
+        # the fields `spec_plugins.policy.measured.model_shape` records (this module imports no pydantic)
+        "model_shape": {"layers": shape["layers"], "hidden": shape["hidden"], "intermediate": shape["intermediate"],
+                        "heads": shape["heads"], "kv_heads": shape["kv_heads"], "vocab": shape["vocab"]},
         "dtype": "bfloat16",
         "context_len": args.context,
         "steps": args.replays,

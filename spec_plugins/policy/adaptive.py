@@ -1,8 +1,13 @@
 """`adaptive`: per request, per step, the draft length that maximises expected tokens per second.
 
-    --additional-config '{"spec_plugins": {"proposer": "suffix_tree", "policy": "adaptive",
-                          "policy_options": {"profile": "configs/profiles/vllm-cpu-smollm2-135m.json"}}}'
-    # or a modelled GPU: {"hardware": "h200"} (+ "model_config": PATH; vLLM passes its own model)
+    --additional-config '{"spec_plugins": {"proposer": "suffix_tree", "policy": "adaptive"}}'
+    # the same, a GPU named: "policy_options": {"hardware": "h200"}; a measured step-time profile:
+    # "policy_options": {"profile": "configs/profiles/vllm-cpu-smollm2-135m.json"}
+
+With no options the cost prior comes from the engine (`policy/device.py`): the GPU it runs on picks a shipped
+hardware profile (or a roofline from the GPU's reported properties), costed on the model the engine serves; a
+CPU engine starts from the measured CPU profile. The engine's measured step times then correct that prior
+online (`step_overhead: measured`, below). Explicit options win.
 
 Each step the proposer drafts up to the engine's K; `trim` then keeps, for every request, the prefix
 that maximises Theta = expected tokens / modelled step time over the whole batch (`allocator.py`),
@@ -13,12 +18,13 @@ from survival estimates (`acceptance.py`):
   step: nothing verified, all accepted, some, none);
 * drafts without: each request's own acceptance history per position, shrunk to the pooled history.
 
-A request whose draft is empty costs nothing extra. With `step_overhead: measured`, where the engine
-reports its measured step intervals (`observe_step_interval`), each step also pays the time they show beyond
-the cost model (`StepTimeFit`: an offset, told apart from a machine uniformly slower than its profile): a
-profile measured in one setting (an engine in-process, a bare forward) and served in another (behind `vllm
-serve`, with a scheduler, sampler and front end per step) would otherwise price tokens too dear against the
-real step.
+A request whose draft is empty costs nothing extra. With `step_overhead: measured` (the default), where the
+engine reports its measured step intervals (`observe_step_interval`), each step also pays the time they show
+beyond the cost model (`StepTimeFit`: an offset, told apart from a machine uniformly slower than its profile): a
+prior from another setting (a datasheet roofline, a profile of a bare forward or of another model, an engine
+in-process against `vllm serve` with its scheduler, sampler and front end per step) would otherwise misprice
+verified tokens against the real step. Where drafting has stopped, the steps no longer tell a slope from an
+offset, and the fit keeps the slope it last measured (so it neither drifts nor restarts drafting by itself).
 
 With `price_drafts` > 0 the proposer is told, before it drafts, that share of the least survival a token needs
 to be kept in this step (`token_price`; `DraftBatch.token_price`): the suffix tree and the n-gram proposer then
@@ -38,6 +44,7 @@ token because of its own value biases the output (a chi-square test in tests/tes
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Hashable, Literal, Sequence
 
 import numpy as np
@@ -62,10 +69,10 @@ class AdaptiveLength:
 
     class Options(pydantic.BaseModel):
         model_config = pydantic.ConfigDict(extra="forbid", populate_by_name=True, protected_namespaces=())
-        hardware: str | None = None  # GPU profile name (h200, ...) or a YAML path
+        hardware: str | None = None  # GPU profile name (h200, ...) or a YAML path; default: the engine's device
         # the target's config.json (or its folder); vLLM binds the model it serves
         model_config_path: str | None = pydantic.Field(default=None, alias="model_config")
-        profile: str | None = None  # measured step-time profile (`spec-plugins profile`)
+        profile: str | None = None  # measured step-time profile (`spec-plugins profile`) instead of hardware
         dtype: Literal["bf16", "fp8"] = "bf16"  # weight / GEMM dtype of the roofline
         draft_us_per_request: float = pydantic.Field(default=5.0, ge=0.0)  # model-free drafting cost per request, µs
         confidence: Literal["auto", "off"] = "auto"  # off: acceptance history only, the drafts' confidences ignored
@@ -83,11 +90,10 @@ class AdaptiveLength:
         # default until measured end to end (docs/notes/results-log.md).
         calibrate_by_outcome: bool = False
         max_draft_tokens_per_step: int | None = pydantic.Field(default=None, ge=0)  # over the whole batch
-        # "measured": every step also pays the time the engine's measured steps show beyond the cost model
-        # (where the engine reports step intervals; StepTimeFit). "model": the cost model alone. Off by
-        # default: measured under `vllm serve` only so far (docs/notes/results-log.md, "The policy charging the
-        # served engine's measured step overhead"; an in-process A/B of an earlier, unfitted form lost).
-        step_overhead: Literal["measured", "model"] = "model"
+        # "measured": the cost model corrected by the engine's measured steps (where the engine reports step
+        # intervals; StepTimeFit), so a prior (a datasheet, another model's profile) is fitted to the engine
+        # it serves. "model": the cost model alone.
+        step_overhead: Literal["measured", "model"] = "measured"
         overhead_decay: float = pydantic.Field(default=0.95, gt=0.0, lt=1.0)  # per-step decay of the overhead fit
         # A negative fitted offset (verified tokens dearer than the profile says) takes at most this fraction
         # of the step's modelled base time (no drafts) off the sunk time; 0: the offset never goes below 0.
@@ -143,30 +149,65 @@ class AdaptiveLength:
         self.prices_tokens = opts.price_drafts > 0.0 or opts.min_token_price > 0.0  # core.PricesTokens
         self._cheapest_rows: dict[tuple[int, int], float] = {}  # (requests, curve length) -> seconds
         self._price = 0.0  # the last token_price handed out
-        if self.cost is None and (opts.hardware is None) == (opts.profile is None):
-            raise ValueError("policy_options: expected exactly one of 'hardware' (a GPU profile) or 'profile' "
-                             "(a measured step-time profile)")
+        # Where the cost model came from (the engine's log names it); with no options, the prior is chosen from
+        # the engine's device when the first step is costed (_engine: (model, device) the engine bound).
+        self.cost_source = "given" if cost is not None else ""
+        self._engine: tuple[Any, str | None] | None = None
+        if self.cost is None and opts.hardware is not None and opts.profile is not None:
+            raise ValueError("policy_options: expected at most one of 'hardware' (a GPU profile) or 'profile' "
+                             "(a measured step-time profile), got both")
         if self.cost is None and opts.profile is not None:
             self.cost = step_cost(profile=opts.profile, draft_us_per_request=opts.draft_us_per_request)
+            self.cost_source = f"profile {opts.profile!r}"
         if self.cost is None and opts.model_config_path is not None:
             from spec_plugins.policy.model import load_model_config
 
             self.bind_model(load_model_config(opts.model_config_path))
 
-    def bind_model(self, model: Any, source: str = "engine model config") -> None:
-        """Cost `model` (a ModelDescriptor, or a Hugging Face config dict) on the options' hardware,
-        unless a cost model is already set.
+    def bind_model(self, model: Any, source: str = "engine model config", device: str | None = None) -> None:
+        """The engine's model (a ModelDescriptor, or a Hugging Face config dict) and device type ("cuda", "cpu";
+        None: read from torch where the first step is costed).
 
-        Engines call this with their own model's config, so `hardware` alone is enough in the options.
+        With `hardware`, the model is costed on it now; with `profile`, the profile is checked to be of this
+        model's shape; with neither, the prior is chosen from the device when the first step is costed
+        (`policy/device.py`: reading the GPU initialises CUDA, which an engine's front-end process must not).
         """
-        if self.cost is not None:
-            return
         from spec_plugins.policy.model import ModelDescriptor
 
+        if self.options.profile is not None and isinstance(model, dict):
+            from spec_plugins.policy.measured import check_profile_model
+
+            check_profile_model(getattr(self.cost, "profile", {}), model)
+        if self.cost is not None:
+            return
         if isinstance(model, dict):
             model = ModelDescriptor.from_config(model, source=source)
+        if self.options.hardware is None:
+            self._engine = (model, device)
+            return
         self.cost = step_cost(hardware=self.options.hardware, model=model, dtype=self.options.dtype,
                               draft_us_per_request=self.options.draft_us_per_request)
+        self.cost_source = f"hardware {self.options.hardware!r}"
+
+    def _cost_from_engine(self) -> None:
+        """The cost prior of the engine's device (no hardware or profile given): `policy/device.py`."""
+        from spec_plugins.policy.device import prior_for_device
+
+        model, device = self._engine if self._engine is not None else (None, None)
+        kind, prior, how = prior_for_device(device)
+        o = self.options
+        if kind == "profile":
+            self.cost = step_cost(profile=prior, draft_us_per_request=o.draft_us_per_request)
+        elif model is None:
+            raise ValueError("policy 'adaptive': no cost model; give policy_options.model_config or let the "
+                             "engine bind its model")
+        else:
+            self.cost = step_cost(hardware=prior, model=model, dtype=o.dtype,
+                                  draft_us_per_request=o.draft_us_per_request)
+        self.cost_source = f"prior from the engine's device: {how}"
+        logging.getLogger("spec_plugins").info("spec-plugins: policy 'adaptive' costs steps with the %s%s",
+                                               self.cost_source, ", corrected online by the measured steps"
+                                               if self.observes_step_time else "")
 
     # ---- batched (BatchPolicy) ----------------------------------------------------------------------
 
@@ -176,8 +217,7 @@ class AdaptiveLength:
 
     def trim_batch(self, batch: DraftBatch, drafts: BatchDrafts) -> np.ndarray:
         if self.cost is None:
-            raise ValueError("policy 'adaptive': no cost model; give policy_options.model_config or let the "
-                             "engine bind its model")
+            self._cost_from_engine()
         drafted = drafts.lengths
         slots = self.requests.slots_of(batch.req_ids)
         search = self.options.search
@@ -423,15 +463,19 @@ class StepTimeFit:
     (a serving front end, the scheduler, sampling) and makes tokens cheaper against the step; c < 0 is
     verified tokens dearer against the base step than the profile says (a compute-bound engine slowed by
     what it verifies), and makes them dearer. `offset(lowest)` returns c, never below `lowest` (the policy
-    passes a fraction of the base step, so a modelled step stays positive). Decayed least squares, with the slope shrunk toward 1 where the modelled
-    times vary too little (relative spread under `shrink`) to tell a slope from an offset. A measured
+    passes a fraction of the base step, so a modelled step stays positive). Decayed least squares, with the
+    slope shrunk toward an anchor where the modelled times vary too little (relative spread under `shrink`) to
+    tell a slope from an offset: 1 until the steps have varied enough to measure a slope, then the last slope
+    so measured. So when drafting stops (every step alike) the fit keeps what it learnt instead of drifting back
+    to the prior, which would reprice the tokens and restart drafting with nothing new learnt. A measured
     interval is bounded at four modelled steps, so one pause (a collection, a preemption) moves the fit
     a little and a steady excess fully.
     """
 
-    def __init__(self, decay: float, shrink: float = 0.05, min_slope: float = 0.25) -> None:
+    def __init__(self, decay: float, shrink: float = 0.05, min_slope: float = 1e-3) -> None:
         self.decay, self.shrink, self.min_slope = decay, shrink, min_slope
         self.w = self.m = self.y = self.mm = self.my = 0.0  # decayed sums: weight, x, y, x^2, x*y
+        self.anchor, self.anchored = 1.0, False  # the slope the ridge shrinks toward; whether it was measured
 
     def add(self, modelled: float, measured: float) -> None:
         y = min(measured, 4.0 * modelled)
@@ -441,6 +485,9 @@ class StepTimeFit:
         self.y = d * self.y + y
         self.mm = d * self.mm + modelled * modelled
         self.my = d * self.my + modelled * y
+        sxx, _, prior = self._moments()
+        if sxx > prior:  # the steps varied enough to measure the slope: remember it for when they stop
+            self.anchor, self.anchored = self.slope(), True
 
     def _moments(self) -> tuple[float, float, float]:
         m_bar, y_bar = self.m / self.w, self.y / self.w
@@ -451,17 +498,19 @@ class StepTimeFit:
         if self.w == 0.0:
             return 1.0
         sxx, sxy, prior = self._moments()
-        return max((sxy + prior) / (sxx + prior), self.min_slope) if sxx + prior > 0.0 else 1.0
+        if sxx + prior <= 0.0:
+            return self.anchor
+        return max((sxy + prior * self.anchor) / (sxx + prior), self.min_slope)
 
     def offset(self, lowest: float = 0.0) -> float:
         if self.w == 0.0:
             return 0.0
         c = self.y / self.w / self.slope() - self.m / self.w
         if c < 0.0:
-            # Below 0 only where the data, not the prior, set the slope: over steps that hardly vary, a
-            # machine faster than its profile would otherwise read as dearer tokens.
+            # Below 0 only where the data, not the prior, set the slope (now or before): over steps that never
+            # varied, a machine faster than its profile would otherwise read as dearer tokens.
             sxx, _, prior = self._moments()
-            lowest = lowest if sxx > prior else 0.0
+            lowest = lowest if sxx > prior or self.anchored else 0.0
         return max(c, lowest)
 
 

@@ -11,6 +11,7 @@ The saved JSON (`load_profile` validates it; readers ignore keys they do not kno
      "engine": "vllm 0.32.0+cpu",           # `vllm <version>` of the engine measured
      "device": "AMD EPYC (2 CPUs)",         # CPU model (and CPU count) or GPU name
      "model": "smollm2",                    # the --model given: a path or "smollm2"
+     "model_shape": {"layers": 30, "hidden": 576, ...},  # optional: what `model_shape` reads off its config
      "dtype": "float32", "context_len": 256,
      "steps": 16, "enforce_eager": true,    # optional: N, and whether vLLM ran without compilation
      "points": [{"batch": 1, "draft": 0, "tokens": 1, "step_ms": 7.9, "runs": [7.8, 7.9, 8.1],
@@ -95,6 +96,7 @@ class StepProfile(pydantic.BaseModel):
     engine: str
     device: str
     model: str
+    model_shape: dict[str, int] | None = None
     dtype: str
     context_len: int = pydantic.Field(ge=1)
     steps: int | None = None
@@ -134,6 +136,8 @@ def validate_profile(data: Any, where: str = "profile") -> dict:
     data = profile.model_dump()
     if not data["contexts"]:
         del data["contexts"]  # a one-context profile reads and saves as before
+    if data["model_shape"] is None:
+        del data["model_shape"]
     return data
 
 
@@ -186,6 +190,32 @@ def save_profile(profile: dict, path: str | os.PathLike) -> Path:
 
 # --------------------------------------------------------------------------------------------
 # the cost model
+
+
+SHAPE_FIELDS = ("layers", "hidden", "intermediate", "heads", "kv_heads", "vocab")
+
+
+def model_shape(config: dict) -> dict[str, int]:
+    """The fields of a Hugging Face config that set a step's cost, as a profile records them (`model_shape`)."""
+    from spec_plugins.policy.model import ModelDescriptor
+
+    d = ModelDescriptor.from_config(config)
+    return {f: int(getattr(d, f)) for f in SHAPE_FIELDS}
+
+
+def check_profile_model(profile: dict, config: dict, where: str = "policy_options.profile") -> None:
+    """ValueError (one line, naming `where`) when `profile` was measured for a model of another shape than
+    `config` (the engine's Hugging Face config). A profile without `model_shape` cannot be checked."""
+    recorded = profile.get("model_shape")
+    if not recorded:
+        return
+    served = model_shape(config)
+    differ = [f for f in SHAPE_FIELDS if f in recorded and int(recorded[f]) != served[f]]
+    if differ:
+        got = ", ".join(f"{f} {recorded[f]}" for f in differ)
+        want = ", ".join(f"{f} {served[f]}" for f in differ)
+        raise ValueError(f"{where}: measured for another model ({profile.get('model')!r}: {got}); the engine serves "
+                         f"{want}: profile this model (spec-plugins profile) or leave the profile out")
 
 
 def profile_path(name_or_path: str) -> str:

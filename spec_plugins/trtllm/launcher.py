@@ -49,6 +49,20 @@ def import_trtllm() -> Any:
     return tensorrt_llm
 
 
+def served_model_config(model: str) -> dict | None:
+    """The served model's Hugging Face config: its folder's config.json, else what transformers resolves (a hub id
+    already in the local cache); None where neither has it."""
+    config_json = Path(model) / "config.json"
+    if config_json.is_file():
+        return json.loads(config_json.read_text())
+    try:
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(model).to_dict()
+    except Exception:  # not a hub id, or not cached and no network: the caller says what to give instead
+        return None
+
+
 def build_llm(model: str, config_path: str | Path, **overrides: Any) -> Any:
     """`tensorrt_llm.LLM(model=model, ...)` configured by `config_path`; `overrides` win over the file.
 
@@ -89,9 +103,13 @@ def user_provided_config(spec: dict, section: Settings, model: str | None = None
         draft_len_schedule=spec.get("draft_len_schedule"),
         max_concurrency=spec.get("max_concurrency"),
     )
-    config_json = Path(model) / "config.json" if model else None
-    if config_json is not None and config_json.is_file() and isinstance(drafter, BindsModel):
-        drafter.bind_model(json.loads(config_json.read_text()))
+    served = served_model_config(model) if model else None
+    if served is not None:
+        if isinstance(drafter, BindsModel):
+            drafter.bind_model(served)
+    elif section.policy == "adaptive" and not {"profile", "model_config"} & set(section.policy_options):
+        raise ValueError(f"spec_plugins.policy_options.model_config: the served model's config.json was not found "
+                         f"for {model!r}; give a configs/models name or a config.json path")
     # Every other base field (acceptance gate, ...) passes through; decoding_type is the class itself.
     fields = {key: value for key, value in spec.items() if key != "decoding_type" and value is not None}
     # The executor never tells a drafter that a request ended; a resource manager frees its state then.

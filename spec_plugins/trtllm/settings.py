@@ -8,7 +8,6 @@ our proposers says `speculative_config.decoding_type: UserProvided` and names it
       proposer: suffix_tree
       proposer_options: {max_depth: 24}
       policy: adaptive
-      policy_options: {hardware: h200}
 
 `max_draft_len`, `draft_len_schedule` and `max_concurrency` stay in `speculative_config`, where TensorRT-LLM
 reads them; everything else in the file is TensorRT-LLM's and is passed on untouched.

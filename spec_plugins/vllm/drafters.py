@@ -1,7 +1,7 @@
 """Our draft-model classes for vLLM's `dflash` method on the V1 runner, registered by the general plugin.
 
     vllm serve TARGET --speculative-config '{"method":"dflash","model":DSPARK_DIR,"num_speculative_tokens":6}' \
-        [--additional-config '{"spec_plugins":{"policy":"adaptive","policy_options":{"hardware":"h200"}}}']
+        [--additional-config '{"spec_plugins":{"policy":"adaptive"}}']
 
 `plugin.register()` maps two architectures of vLLM's model registry to these classes (lazily, by name):
 

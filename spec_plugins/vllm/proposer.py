@@ -53,7 +53,18 @@ from spec_plugins.vllm.settings import VllmSettings, settings_from_additional_co
 
 # A child of vLLM's logger: vLLM configures "vllm" (INFO, its format), so start-up lines show in its log.
 logger = logging.getLogger("vllm.spec_plugins")
+# The engine-free modules (the policy) log to "spec_plugins": inside vLLM their lines go where vLLM's go.
+_engine_free = logging.getLogger("spec_plugins")
+if not _engine_free.handlers:
+    _engine_free.handlers = list(logging.getLogger("vllm").handlers)
+    _engine_free.setLevel(logging.INFO)
+    _engine_free.propagate = False
 TRACE_ENV = "SPEC_PLUGINS_TRACE_FILE"
+
+
+def engine_device(vllm_config: Any) -> str:
+    """vLLM's DeviceConfig.device_type ("cuda", "cpu", ...)."""
+    return getattr(getattr(vllm_config, "device_config", None), "device_type", None) or "cpu"
 
 
 class SpecPluginsProposer(RequestIdAware):
@@ -73,8 +84,7 @@ class SpecPluginsProposer(RequestIdAware):
                                       clock=time.perf_counter)
         # vLLM's DeviceConfig.device_type ("cuda", "cpu", ...): work a proposer leaves running between steps is
         # free beside an accelerator's forward, and competes with the forward on a CPU engine.
-        device = getattr(getattr(vllm_config, "device_config", None), "device_type", None) or "cpu"
-        self.drafting.engine_on_accelerator(device != "cpu")
+        self.drafting.engine_on_accelerator(engine_device(vllm_config) != "cpu")
         # Request ids per batch row, set by the plugin's runner wrapper before each propose(). Without
         # them a row stands for its request; rows are reused and reordered between steps, which only
         # blurs per-request state (our proposers see the whole context every step).
@@ -107,8 +117,9 @@ class SpecPluginsProposer(RequestIdAware):
         # vLLM 0.33 drops the schedule for custom_class on V1; the plugin's front-end check keeps it in our section.
         schedule = batch_size_schedule(settings.num_speculative_tokens_per_batch_size
                                        or getattr(spec, "num_speculative_tokens_per_batch_size", None))
-        if isinstance(policy, BindsModel):  # `policy: adaptive` with `hardware` alone: cost the engine's model
-            policy.bind_model(vllm_config.model_config.hf_config.to_dict(), source="vLLM model_config.hf_config")
+        if isinstance(policy, BindsModel):  # `policy: adaptive`: cost the engine's model on its device
+            policy.bind_model(vllm_config.model_config.hf_config.to_dict(), source="vLLM model_config.hf_config",
+                              device=engine_device(vllm_config))
         return k, settings, proposer, policy, schedule
 
     @property
