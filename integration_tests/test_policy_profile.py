@@ -41,3 +41,36 @@ def test_profile_tiny_model(tiny_llama, tmp_path):
     assert 0 < small <= large
     assert cost.linear_time(8) <= cost.linear_time(64) <= large
     assert cost.speedup(2, 3, 1.0, 32) > 0
+
+
+def test_profile_records_the_model_shape_and_refuses_another_model(tiny_llama, tmp_path):
+    import json
+    from pathlib import Path
+
+    from spec_plugins.policy.adaptive import AdaptiveLength
+
+    profile = profile_engine(tiny_llama, batch_sizes=[1], draft_lens=[0, 1], context_len=32, steps=8, repeats=1,
+                             progress=False, command="test")
+    config = json.loads((Path(tiny_llama) / "config.json").read_text())
+    assert profile["model_shape"]["layers"] == config["num_hidden_layers"]
+    path = save_profile(profile, tmp_path / "tiny.json")
+    policy = AdaptiveLength(profile=str(path))
+    policy.bind_model(config)  # its own model
+    llama = json.loads((Path(__file__).resolve().parents[1] / "configs" / "models" / "llama-3.1-8b.json").read_text())
+    with pytest.raises(ValueError, match=r"^policy_options.profile: measured for another model"):
+        AdaptiveLength(profile=str(path)).bind_model(llama)
+
+
+def test_engine_host_time_splits_real_steps(tiny_llama):
+    from spec_plugins.bench.engine_host_time import PARTS, measure
+
+    rows = measure(tiny_llama, drafts=[0, 2], batches=[1, 3], steps=8, dtype="float32")
+    assert [(r["draft"], r["batch"]) for r in rows] == [(0, 1), (0, 3), (2, 1), (2, 3)]
+    for r in rows:
+        assert r["steps"] >= 4 and r["tokens_per_request"] == 1 + r["draft"]
+        # Every timed vLLM method was reached (a renamed one would read 0), and the parts make up the step.
+        for part in ("scheduler", "input_prep", "model", "sampling", "bookkeeping", "output"):
+            assert r[f"{part}_us"] > 0, (part, r)
+        assert r["drafting_us"] > 0  # the fixed_draft proposer's propose() ran every step
+        assert 0 < r["engine_us"] < r["host_us"] < r["step_us"]
+        assert sum(r[f"{p}_us"] for p in PARTS) == pytest.approx(r["step_us"], rel=0.05)

@@ -71,3 +71,21 @@ def test_simulator_charges_more_host_time_when_more_is_accepted(tmp_path):
     g_grown = policy_sim.run(traces, cost, [256], 8, 20, 0, host=grown)["goodput"]
     assert g_grown["static_8"][0] < 0.98 * g_plain["static_8"][0]  # 9 tokens a step appended: more host time
     assert g_grown["static_0"][0] >= g_plain["static_0"][0]  # 1 token a step: less than the 1-4-token base
+
+
+def test_engine_host_time_interpolates_by_batch_and_tokens():
+    from spec_plugins.bench.engine_host_time import split
+    from spec_plugins.bench.host_time import EngineHostTime
+
+    rows = [{"batch": 1, "tokens_per_request": 1, "engine_us": 1000.0}, {"batch": 64, "tokens_per_request": 1, "engine_us": 5000.0},
+            {"batch": 1, "tokens_per_request": 8, "engine_us": 1200.0}, {"batch": 64, "tokens_per_request": 8, "engine_us": 9000.0}]
+    eng = EngineHostTime(rows)
+    assert eng.seconds(1) == pytest.approx(1e-3) and eng.seconds(64, 8) == pytest.approx(9e-3)
+    assert eng.seconds(128, 1) == pytest.approx(10e-3)  # past the largest batch: its time per request
+    assert eng.seconds(64, 4.5) == pytest.approx(7e-3)  # between token counts: linear
+    assert eng.seconds(64, 20) == pytest.approx(9e-3) and eng.seconds(0, 1) == pytest.approx(1e-3)
+    parts = split({"step": 10.0, "schedule": 1.0, "update": 0.5, "execute": 5.0, "forward": 3.0, "logits": 0.5,
+                   "sample_tokens": 2.0, "sample": 1.0, "draft": 0.25, "output": 1.0})
+    assert parts["scheduler"] == 1.5 and parts["input_prep"] == 1.5 and parts["model"] == 3.5
+    assert parts["bookkeeping"] == 0.75 and parts["other"] == 0.5 and parts["host"] == 5.5
+    assert parts["engine"] == 4.25  # less the proposer's drafting and the front end's output

@@ -113,3 +113,38 @@ def _along(tokens: np.ndarray, values: np.ndarray, t: float) -> float:
         slope = (values[-1] - values[-2]) / max(tokens[-1] - tokens[-2], 1e-9)
         return float(max(values[-1] + slope * (t - tokens[-1]), 1e-9))
     return float(np.interp(t, tokens, values))
+
+
+ENGINE_DEFAULT = FOLDER / "cpu2-engine-host-time.json"
+
+
+class EngineHostTime:
+    """The engine core's own host seconds per step on vLLM's V1 runner with synchronous scheduling (scheduler,
+    input prep, bookkeeping: `engine_us` of `spec_plugins.bench.engine_host_time`; the proposer's drafting is
+    charged apart, the front end's output processing runs in its own process), by batch size and verified
+    tokens per request. Between measured batch sizes linear, past the largest by its time per request, below the
+    smallest the smallest's; between measured token counts linear, outside them the nearest."""
+
+    def __init__(self, rows: list[dict], source: str = "measurement") -> None:
+        self.source = source
+        by_tokens: dict[int, list[tuple[int, float]]] = {}
+        for r in rows:
+            by_tokens.setdefault(int(r["tokens_per_request"]), []).append((int(r["batch"]), float(r["engine_us"]) * 1e-6))
+        if not by_tokens:
+            raise ValueError(f"engine host time {source}: no rows")
+        self._tokens = np.array(sorted(by_tokens), dtype=float)
+        self._curves = [(np.array([b for b, _ in sorted(by_tokens[t])], dtype=float),
+                         np.array([s for _, s in sorted(by_tokens[t])])) for t in sorted(by_tokens)]
+
+    @classmethod
+    def load(cls, path: str | Path) -> "EngineHostTime":
+        return cls(_read(path), source=str(path))
+
+    def seconds(self, batch: int, tokens_per_request: float = 1.0) -> float:
+        at = []
+        for batches, secs in self._curves:
+            if batch >= batches[-1]:
+                at.append(float(secs[-1] / batches[-1] * batch))
+            else:
+                at.append(float(np.interp(batch, batches, secs)))
+        return float(np.interp(tokens_per_request, self._tokens, at))

@@ -32,6 +32,12 @@ appends at that step (what the policy's previous step emitted per request; `--ho
 `spec_plugins.bench.host_time`): a suffix tree's appends, and vLLM `suffix`'s, cost more when more is
 accepted. It replaces the cost model's own per-request drafting estimate (`--draft-us`), which then applies
 only with `--host-time none`.
+
+The engine's own host time: every step is also charged what vLLM's V1 runner with synchronous scheduling
+spends between two forwards (`--engine-host-time`, a `python -m spec_plugins.bench.engine_host_time`
+measurement) at its batch size and verified tokens per request: where our proposers and vLLM's `suffix` run on
+a GPU under vLLM 0.33, that time adds to every step. The adaptive policy learns it from the steps' simulated
+times (`step_overhead: measured`), as it does from an engine's measured ones.
 """
 
 from __future__ import annotations
@@ -123,10 +129,12 @@ def batch_schedule(requests: list[TraceRequest], batch: int, num_steps: int, see
 
 
 def simulate(requests: list[TraceRequest], steps, cost, policies: dict[str, Any],
-             host: Any = None) -> dict[str, float]:
+             host: Any = None, engine: Any = None) -> dict[str, float]:
     """Goodput (tokens per modelled second) of each policy over the same steps; `host` (a HostTime) adds
     the drafting step's host time to every step, for the tokens each request appends there (what that
-    policy's previous step emitted)."""
+    policy's previous step emitted); `engine` (an EngineHostTime) the engine's own host time of a step of that
+    many requests and verified tokens. A policy that learns from measured step times (`step_overhead:
+    measured`) is told each of its steps' whole simulated time, as an engine would tell it."""
     tokens = {name: 0.0 for name in policies}
     seconds = {name: 0.0 for name in policies}
     appended: dict[str, float | None] = {name: None for name in policies}  # per request, the step before's tokens
@@ -147,9 +155,14 @@ def simulate(requests: list[TraceRequest], steps, cost, policies: dict[str, Any]
                     pol.observe(key, int(n), int(min(a, n)))
             emitted = 1 + np.minimum(accepted, keep)
             tokens[name] += float(np.sum(emitted))
-            seconds[name] += cost.step_time([int(x) for x in keep], context)
+            step = cost.step_time([int(x) for x in keep], context)
             if host is not None:  # this step's drafting appended what the step before emitted
-                seconds[name] += host.seconds("fixed" if callable(pol) else "adaptive", len(recs), appended[name])
+                step += host.seconds("fixed" if callable(pol) else "adaptive", len(recs), appended[name])
+            if engine is not None:
+                step += engine.seconds(len(recs), 1.0 + float(np.mean(keep)))
+            if getattr(pol, "observes_step_time", False):
+                pol.observe_step_interval(step)
+            seconds[name] += step
             appended[name] = float(np.mean(emitted))
         for name, pol in policies.items():
             if not callable(pol):
@@ -193,10 +206,29 @@ def add_cost_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--host-time", default="default",
                     help="step_overhead JSON whose measured host time per step is charged ('default': the one in "
                          "benchmarks/host_time/; 'none': charge --draft-us instead)")
+    ap.add_argument("--engine-host-time", default="default",
+                    help="engine_host_time JSON: the engine's own host time per step on vLLM's V1 runner (scheduler, "
+                         "input prep, output processing), charged to every step ('default': the one in "
+                         "benchmarks/host_time/; 'none': not charged)")
     ap.add_argument("--host-growth", default="default",
                     help="step_overhead --verify JSONs (comma-separated) giving host time by tokens appended per "
                          "request ('default': the code and rewrite ones in benchmarks/host_time/ with the default "
                          "--host-time; 'none': the base measurement's 1-4 tokens for every step)")
+
+
+def build_engine_host_time(args) -> Any:
+    """The EngineHostTime to charge (None with --engine-host-time none)."""
+    choice = args.engine_host_time.strip()
+    if choice.lower() == "none":
+        return None
+    from spec_plugins.bench.host_time import ENGINE_DEFAULT, EngineHostTime
+
+    path = ENGINE_DEFAULT if choice == "default" else Path(choice)
+    try:
+        return EngineHostTime.load(path)
+    except (ValueError, KeyError) as exc:
+        raise ValueError(f"--engine-host-time: {exc} (measure it with python -m spec_plugins.bench.engine_host_time "
+                         "--json, or pass --engine-host-time none)") from None
 
 
 def build_cost(args) -> Any:
@@ -233,7 +265,7 @@ def parse_policy_options(text: str | None) -> dict[str, Any]:
 
 def run(traces: list[dict], cost, batch_sizes: list[int], max_draft: int, num_steps: int, seed: int,
         progress=None, host: Any = None, static_only: bool = False,
-        policy_options: dict[str, Any] | None = None) -> dict[str, Any]:
+        policy_options: dict[str, Any] | None = None, engine: Any = None) -> dict[str, Any]:
     """Goodput of every policy at each batch size; static_only: the static draft lengths alone (an engine's
     own proposer, which runs no policy of ours); policy_options: the adaptive policy's (its defaults if None)."""
     from spec_plugins.policy.adaptive import AdaptiveLength
@@ -249,7 +281,7 @@ def run(traces: list[dict], cost, batch_sizes: list[int], max_draft: int, num_st
             policies["schedule"] = lambda dr, ac, d=schedule_for_batch(the_plan, b): np.full(len(dr), d)
             policies["hindsight"] = lambda dr, ac: ac
             policies["adaptive"] = AdaptiveLength(cost=cost, **(policy_options or {}))
-        res = simulate(requests, steps, cost, policies, host)
+        res = simulate(requests, steps, cost, policies, host, engine)
         for name, v in res.items():
             goodput.setdefault(name, []).append(v)
         if progress:
@@ -341,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         traces = load_traces([p for p in args.traces.split(",") if p.strip()])
         cost = build_cost(args)
         host = build_host_time(args, traces)
+        engine = build_engine_host_time(args)
         policy_options = parse_policy_options(args.policy_options)
     except ValueError as exc:
         err.print(f"[red]error:[/red] {exc}")
@@ -349,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     with Progress(console=err, transient=True) as prog:
         task = prog.add_task("simulating", total=len(batch_sizes))
         result = run(traces, cost, batch_sizes, max_draft, args.steps, args.seed, lambda b: prog.advance(task), host,
-                     policy_options=policy_options)
+                     policy_options=policy_options, engine=engine)
     summary = summarize(batch_sizes, result["goodput"], max_draft)
     Console(width=150).print(render(summary, f"modelled goodput, tokens/s ({', '.join(t.get('workload', '?') + '/' + t.get('proposer', '?') for t in traces)})"))
     Console().print(f"worst adaptive / best static: {summary['worst_adaptive_vs_best_static']:.3f}x; "
@@ -360,11 +393,13 @@ def main(argv: list[str] | None = None) -> int:
     else:
         charged = (f"measured, {host.proposer} ({host.source}"
                    + "".join(f" + {Path(g).name}" for g in host.growth_sources) + ")")
-    Console().print("host time per step: " + charged)
+    Console().print("host time per step: " + charged + "; the engine's own: " +
+                    ("not charged" if engine is None else f"measured, V1 runner ({engine.source})"))
     if args.json:
         doc = {"format": FORMAT, "command": " ".join(sys.argv), "traces": args.traces.split(","),
                "host_time": None if host is None else host.source,
                "host_growth": [] if host is None else host.growth_sources,
+               "engine_host_time": None if engine is None else engine.source,
                "batch_sizes": batch_sizes, "goodput": result["goodput"], "schedule_draft_lens": result["schedule"],
                "summary": summary}
         args.json.parent.mkdir(parents=True, exist_ok=True)

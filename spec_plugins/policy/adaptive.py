@@ -97,7 +97,7 @@ class AdaptiveLength:
         overhead_decay: float = pydantic.Field(default=0.95, gt=0.0, lt=1.0)  # per-step decay of the overhead fit
         # A negative fitted offset (verified tokens dearer than the profile says) takes at most this fraction
         # of the step's modelled base time (no drafts) off the sunk time; 0: the offset never goes below 0.
-        max_offset_cut: float = pydantic.Field(default=0.5, ge=0.0, lt=1.0)
+        max_offset_cut: float = pydantic.Field(default=0.9, ge=0.0, lt=1.0)
         # The proposer is told this share of the price of a drafted token before it drafts (`token_price`); 0:
         # it drafts unpriced, up to the caps, and only the trim decides.
         price_drafts: float = pydantic.Field(default=0.0, ge=0.0, le=1.0)
@@ -463,23 +463,36 @@ class StepTimeFit:
     (a serving front end, the scheduler, sampling) and makes tokens cheaper against the step; c < 0 is
     verified tokens dearer against the base step than the profile says (a compute-bound engine slowed by
     what it verifies), and makes them dearer. `offset(lowest)` returns c, never below `lowest` (the policy
-    passes a fraction of the base step, so a modelled step stays positive). Decayed least squares, with the
-    slope shrunk toward an anchor where the modelled times vary too little (relative spread under `shrink`) to
-    tell a slope from an offset: 1 until the steps have varied enough to measure a slope, then the last slope
-    so measured. So when drafting stops (every step alike) the fit keeps what it learnt instead of drifting back
-    to the prior, which would reprice the tokens and restart drafting with nothing new learnt. A measured
-    interval is bounded at four modelled steps, so one pause (a collection, a preemption) moves the fit
-    a little and a steady excess fully.
+    passes a fraction of the base step, so a modelled step stays positive).
+
+    Decayed least squares, made robust three ways. (1) The scale: a decayed mean of measured / modelled, each
+    ratio bounded at four times the scale so far (four before the first), so one pause (a collection, a
+    preemption) moves the fit a little and a steady excess fully, and an engine many times slower than its prior
+    (a CPU prior on a slower machine, contexts longer than profiled) is followed within a few steps rather than
+    clipped where it drafts most. (2) The slope is shrunk toward an anchor where the modelled times vary too little
+    (relative spread under `shrink`) to tell a slope from an offset: the scale (a uniform factor, which changes
+    no choice) until the steps have varied enough to measure a slope, then the last slope so measured, so that
+    when drafting stops (every step alike) the fit keeps what it learnt instead of drifting back to the prior,
+    which would reprice the tokens and restart drafting with nothing new learnt. (3) The slope stays within
+    `spread` of the scale either way, and the offset is 0 until `min_fits` steps are in: a few noisy intervals
+    cannot make verified tokens look free or prohibitive.
     """
 
-    def __init__(self, decay: float, shrink: float = 0.05, min_slope: float = 1e-3) -> None:
-        self.decay, self.shrink, self.min_slope = decay, shrink, min_slope
+    def __init__(self, decay: float, shrink: float = 0.05, spread: float = 16.0, min_fits: float = 3.0) -> None:
+        self.decay, self.shrink, self.spread, self.min_fits = decay, shrink, spread, min_fits
         self.w = self.m = self.y = self.mm = self.my = 0.0  # decayed sums: weight, x, y, x^2, x*y
-        self.anchor, self.anchored = 1.0, False  # the slope the ridge shrinks toward; whether it was measured
+        self.ratio = 0.0  # decayed sum of the bounded measured / modelled ratios (scale = ratio / w)
+        self.anchor: float | None = None  # the last slope the data measured (None: none yet)
+
+    @property
+    def scale(self) -> float:
+        """The typical measured / modelled ratio (1 before any step)."""
+        return self.ratio / self.w if self.w > 0.0 else 1.0
 
     def add(self, modelled: float, measured: float) -> None:
-        y = min(measured, 4.0 * modelled)
+        y = min(measured, 4.0 * self.scale * modelled)
         d = self.decay
+        self.ratio = d * self.ratio + y / modelled
         self.w = d * self.w + 1.0
         self.m = d * self.m + modelled
         self.y = d * self.y + y
@@ -487,30 +500,31 @@ class StepTimeFit:
         self.my = d * self.my + modelled * y
         sxx, _, prior = self._moments()
         if sxx > prior:  # the steps varied enough to measure the slope: remember it for when they stop
-            self.anchor, self.anchored = self.slope(), True
+            self.anchor = self.slope()
 
     def _moments(self) -> tuple[float, float, float]:
         m_bar, y_bar = self.m / self.w, self.y / self.w
         sxx = max(self.mm - self.w * m_bar * m_bar, 0.0)
-        return sxx, self.my - self.w * m_bar * y_bar, self.w * (self.shrink * m_bar) ** 2  # prior: ridge to 1
+        return sxx, self.my - self.w * m_bar * y_bar, self.w * (self.shrink * m_bar) ** 2  # prior: ridge to anchor
 
     def slope(self) -> float:
         if self.w == 0.0:
             return 1.0
+        scale = self.scale
+        anchor = scale if self.anchor is None else self.anchor
         sxx, sxy, prior = self._moments()
-        if sxx + prior <= 0.0:
-            return self.anchor
-        return max((sxy + prior * self.anchor) / (sxx + prior), self.min_slope)
+        b = anchor if sxx + prior <= 0.0 else (sxy + prior * anchor) / (sxx + prior)
+        return float(np.clip(b, scale / self.spread, scale * self.spread))
 
     def offset(self, lowest: float = 0.0) -> float:
-        if self.w == 0.0:
+        if self.w < self.min_fits:
             return 0.0
         c = self.y / self.w / self.slope() - self.m / self.w
         if c < 0.0:
             # Below 0 only where the data, not the prior, set the slope (now or before): over steps that never
             # varied, a machine faster than its profile would otherwise read as dearer tokens.
             sxx, _, prior = self._moments()
-            lowest = lowest if sxx > prior or self.anchored else 0.0
+            lowest = lowest if sxx > prior or self.anchor is not None else 0.0
         return max(c, lowest)
 
 
