@@ -30,7 +30,7 @@ def measure(b: int, steps: int) -> tuple[dict[str, list[float]], Any, Any]:
     caps, nothing = np.full(b, 16), np.zeros(b, dtype=np.int64)
     lens = batch.num_tokens.astype(np.int64)
     for core in (whole, split):
-        core.step_batch(keys, batch.token_ids_cpu, rows, lens, lens, caps, 0.0)
+        core.step_batch(keys, batch.token_ids_cpu, rows, lens, lens, caps)
     times: dict[str, list[float]] = {"whole step": [], "appends only": [], "drafts only": []}
     for _ in range(steps):
         before = lens
@@ -39,7 +39,7 @@ def measure(b: int, steps: int) -> tuple[dict[str, list[float]], Any, Any]:
         for name, core, new, cap in (("whole step", whole, lens - before, caps), ("appends only", split, lens - before,
                                      nothing), ("drafts only", split, nothing, caps)):
             t = time.perf_counter()
-            core.step_batch(keys, batch.token_ids_cpu, rows, lens, new, cap, 0.0)
+            core.step_batch(keys, batch.token_ids_cpu, rows, lens, new, cap)
             times[name].append(time.perf_counter() - t)
     return times, whole, split
 

@@ -57,13 +57,13 @@ def _spec(tiny_llama, speculative_config, additional_config=None):
 
 
 @pytest.mark.parametrize("proposer, cost", [("suffix_tree", "slow_gpu"), ("ngram", "slow_gpu"),
-                                            ("suffix_tree", "two_contexts_priced")])
+                                            ("suffix_tree", "two_contexts")])
 def test_adaptive_policy_lossless_with_mixed_lengths(tiny_llama, baseline, tmp_path, proposer, cost):
     hw = tmp_path / "slow.yaml"
     hw.write_text(SLOW_GPU)
-    # two_contexts_priced: a profile at two contexts, and the proposer told the price of a token before it drafts.
+    # two_contexts: a profile at two contexts, each request priced at its own.
     options = ({"hardware": str(hw)} if cost == "slow_gpu" else
-               {"profile": two_context_profile(tmp_path / "profile.json"), "price_drafts": 1.0})
+               {"profile": two_context_profile(tmp_path / "profile.json")})
     fixed = run(_spec(tiny_llama, {"method": "custom_class", "model": "spec_plugins.vllm.SpecPluginsProposer",
                                    "num_speculative_tokens": K},
                       {"spec_plugins": {"proposer": proposer}}))

@@ -69,9 +69,6 @@ class DraftBatch:
     num_new:      tokens appended since the request was last seen (its whole length the first time).
     max_draft:    each request's cap this step; a proposer may return fewer tokens.
     features:     per-request target hidden states for model-based drafters, or None.
-    token_price:  expected accepted tokens a drafted token must add to be worth verifying this step (a
-                  `PricesTokens` policy sets it; 0: drafted tokens are free). A proposer with per-token
-                  confidences may end a draft before its first token whose path probability is below it.
     """
 
     req_ids: Sequence[ReqId]
@@ -81,7 +78,6 @@ class DraftBatch:
     max_draft: np.ndarray
     rows: np.ndarray | None = None
     features: Sequence[Any] | None = None
-    token_price: float = 0.0
 
     def __post_init__(self) -> None:
         # Checked in one compiled pass over the columns: this is built once per engine step.
@@ -107,8 +103,6 @@ class DraftBatch:
             _columns.check_batch(self.context_lens, self.num_new, self.max_draft, self.rows, height, width)
         if self.features is not None and len(self.features) != n:
             raise ValueError(f"DraftBatch.features: expected {n} entries, got {len(self.features)}")
-        if self.token_price != 0.0:
-            check_price(self.token_price, "DraftBatch.token_price")
 
     def __len__(self) -> int:
         return len(self.req_ids)
@@ -316,18 +310,6 @@ class BatchPolicy(Protocol):
 
 
 @runtime_checkable
-class PricesTokens(Protocol):
-    """A policy that prices a drafted token before the proposer drafts: `token_price(batch)` is the expected
-    accepted tokens a token must add to be worth verifying in this step (`DraftBatch.token_price`), so a
-    proposer need not build drafts the policy would cut anyway. 0: no price. `prices_tokens` False (an
-    option left off): the layer does not ask."""
-
-    prices_tokens: bool
-
-    def token_price(self, batch: DraftBatch) -> float: ...
-
-
-@runtime_checkable
 class ObservesStepTime(Protocol):
     """A policy that learns from the engine's measured step time. A drafting layer given a clock reports
     the seconds between the starts of two consecutive steps over the same requests: the engine's whole
@@ -363,14 +345,6 @@ def check_cap(value: Any, name: str, *, allow_zero: bool = False) -> int:
     if value < low:
         raise ValueError(f"{name}: expected an integer >= {low}, got {value}")
     return int(value)
-
-
-def check_price(value: Any, name: str) -> float:
-    """Validate a token price: a finite number >= 0."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)) or not (
-            0.0 <= float(value) < float("inf")):
-        raise ValueError(f"{name}: expected a finite number >= 0, got {value!r}")
-    return float(value)
 
 
 def check_drafts(requests: Sequence[DraftRequest], drafts: Sequence[Draft], who: str = "proposer") -> None:

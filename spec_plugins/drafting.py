@@ -15,9 +15,7 @@ What an engine adapter would otherwise write for itself lives here once:
 * caps -> propose -> check -> trim, through the batched paths the proposer and the policy declare
   (`core.BatchProposer`, `core.BatchPolicy`), else through their per-request methods;
 * with a clock (engines pass one; replays and simulators do not), the engine's measured step intervals
-  to a policy that learns from them (`core.ObservesStepTime`);
-* a policy's price of a drafted token to the proposer before it drafts (`core.PricesTokens`,
-  `DraftBatch.token_price`).
+  to a policy that learns from them (`core.ObservesStepTime`).
 
 The ledger is columnar (request -> slot, numpy columns per slot) so a step costs a few numpy calls
 plus one dict lookup per request: on a GPU this host time sits between two verification steps.
@@ -32,8 +30,8 @@ import numpy as np
 from spec_plugins import _columns
 from spec_plugins.core import (
     BatchDrafts, BatchPolicy, BatchProposer, BindsModel, DraftBatch, DraftLengthPolicy, DraftRequest, HasStats,
-    FixedLength, LoadsTarget, ObservesStepTime, PricesTokens, Proposer, ReqId, RunsBesideEngine, TrimsDrafts,
-    apply_policy, check_cap, check_drafts, check_price,
+    FixedLength, LoadsTarget, ObservesStepTime, Proposer, ReqId, RunsBesideEngine, TrimsDrafts, apply_policy,
+    check_cap, check_drafts,
 )
 from spec_plugins.slots import RequestSlots
 
@@ -97,7 +95,6 @@ class DraftingLayer:
         self._passes_through = type(policy) is FixedLength and policy.max_draft is None
         self._times_steps = (self.clock is not None and isinstance(policy, ObservesStepTime)
                              and policy.observes_step_time)
-        self._prices = isinstance(policy, PricesTokens) and policy.prices_tokens
 
     # ---- what adapters hand through -------------------------------------------------------------
 
@@ -205,8 +202,6 @@ class DraftingLayer:
             # The per-request view is built at most once a step, after the caps: proposers and policies
             # without a batched path all see the same DraftRequests.
             requests = self._caps(batch)
-            if self._prices:
-                batch.token_price = check_price(self.policy.token_price(batch), "policy token_price")
             drafts = self._trim(batch, self._propose(batch, requests), requests)
         cols["drafted"][slots] = drafts.lengths
         return drafts

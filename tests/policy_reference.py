@@ -202,9 +202,7 @@ class ReferenceAdaptive:
         self.options = opts
         self.cost = cost
         self.history = ReferenceHistory(opts.max_positions, decay=opts.history_decay)
-        # One calibrator per outcome of a request's last verified draft (none yet, all, some, none accepted).
-        self.calibrators = [ReferenceCalibrator() for _ in range(4 if opts.calibrate_by_outcome else 1)]
-        self._outcome: dict[Hashable, int] = {}
+        self.calibrator = ReferenceCalibrator()
         # What was kept of each request's last draft, to learn from when its verification comes back.
         self._kept_confidence: dict[Hashable, list[float] | None] = {}
         self._request_fit: dict[Hashable, tuple[float, float]] = {}  # decayed (accepted, predicted)
@@ -260,8 +258,6 @@ class ReferenceAdaptive:
         for req, d, n in zip(requests, drafts, lengths):
             conf = self._usable(d)
             self._kept_confidence[req.req_id] = None if conf is None else conf[:n]
-            if conf is not None and n == 0:  # nothing verified this step: no last outcome at the next
-                self._outcome.pop(req.req_id, None)
         return lengths
 
     def _rate(self) -> float | None:
@@ -274,7 +270,7 @@ class ReferenceAdaptive:
         n = min(len(draft), self.options.max_positions)
         conf = self._usable(draft)
         if conf is not None:
-            cond = self._calibrator(req_id).calibrate(conf[:n])
+            cond = self.calibrator.calibrate(conf[:n])
             if self.options.request_correction > 0:
                 cond = np.clip(cond * self._correction(req_id), 0.0, 1.0)
         else:
@@ -288,27 +284,18 @@ class ReferenceAdaptive:
         ok, predicted = self._request_fit.get(req_id, (0.0, 0.0))
         return (ok + k) / (predicted + k)
 
-    def _calibrator(self, req_id: Hashable) -> "ReferenceCalibrator":
-        if len(self.calibrators) == 1:
-            return self.calibrators[0]
-        return self.calibrators[self._outcome.get(req_id, 0)]
-
     def observe(self, req_id: Hashable, drafted: int, accepted: int) -> None:
         self.history.observe(req_id, drafted, accepted)
         conf = self._kept_confidence.pop(req_id, None)
-        calibrator = self._calibrator(req_id)  # the table this draft was trimmed with
         if conf is not None and len(conf) == drafted and drafted > 0:
             tried = min(accepted + 1, drafted)
-            predicted = float(np.sum(calibrator.calibrate(conf[:tried])))
+            predicted = float(np.sum(self.calibrator.calibrate(conf[:tried])))
             ok, pred = self._request_fit.get(req_id, (0.0, 0.0))
             d = self.options.history_decay
             self._request_fit[req_id] = (d * ok + accepted, d * pred + predicted)
-            calibrator.observe(conf, accepted)
-        if drafted > 0:
-            self._outcome[req_id] = 1 if accepted == drafted else 2 if accepted > 0 else 3
+            self.calibrator.observe(conf, accepted)
 
     def finish(self, req_id: Hashable) -> None:
-        self._outcome.pop(req_id, None)
         self.history.finish(req_id)
         self._kept_confidence.pop(req_id, None)
         self._request_fit.pop(req_id, None)

@@ -118,72 +118,10 @@ def test_ngram_batch_equals_the_reference_on_long_sparse_contexts(seed, min_ngra
     assert [d.confidence for d in got.drafts()] == [[float(match_confidence(m))] * len(t) for t, m in want]
 
 
-@settings(max_examples=40, deadline=None)
-@given(st.integers(0, 2**32 - 1), st.sampled_from([0.02, 0.1, 0.3, 0.6, 1.5]), st.booleans())
-def test_suffix_tree_priced_drafts_are_the_unpriced_drafts_above_the_price(seed, price, copy):
-    """A priced step (batched, threads on) drafts each unpriced draft up to its last token whose path
-    probability is >= the price, and the per-request call at that price agrees."""
-    opts = {"max_depth": 12, "max_cached_requests": 5, "copy_drafts": copy}
-    single = SuffixTreeProposer(**opts)
-    batched = SuffixTreeProposer(**opts, threads=1, parallel_from=1)
-    seen: dict = {}
-    cut = 0
-    for step, finished, rng in scenario(seed):
-        for r in finished:
-            single.finish(r)
-            batched.finish(r)
-            seen.pop(r, None)
-        ids, ctxs = [r for r, _ in step], [c for _, c in step]
-        new = [num_new(seen, r, c) for r, c in step]
-        caps = rng.integers(0, 9, size=len(step))
-        unpriced = single.propose([DraftRequest(r, c, n, int(k)) for r, c, n, k in zip(ids, ctxs, new, caps)])
-        got = batched.propose_batch(make_batch(ids, ctxs, new, caps, "matrix32", rng, price=price))
-        for r, k, free, dear in zip(ids, caps, unpriced, got.drafts()):
-            path = np.array(single.speculate(r, int(k))[1])  # the unpriced draft's path probabilities
-            keep = int(np.sum(path >= price))  # they never rise: a prefix
-            assert dear.tokens == free.tokens[:keep] and dear.confidence == free.confidence[:keep]
-            assert single.speculate(r, int(k), price)[0] == dear.tokens
-            if not dear.tokens:  # an empty draft came from no candidate, priced or not
-                assert batched.draft_kind(r) == "count"
-            cut += len(free.tokens) - keep
-        for r, c in step:
-            seen[r] = len(c)
-    assert cut > 0 or price <= 0.1  # (copy drafts off, 0.1 is the count drafts' own floor)
-
-
-def test_suffix_tree_price_checks():
-    prop = SuffixTreeProposer()
-    prop.start("r", [1, 2, 3, 1, 2])
-    with pytest.raises(ValueError, match="price: expected a finite number >= 0"):
-        prop.speculate("r", 16, -0.1)
-    with pytest.raises(ValueError, match="price: expected a finite number >= 0"):
-        prop._core.step_batch(np.array([0]), [[1, 2, 3]], None, np.array([3]), np.array([3]), np.array([4]),
-                              float("nan"))
-
-
-def test_ngram_priced_drafts_stop_below_the_price():
-    prop = NgramProposer(min_ngram=1, max_ngram=4)
-    ctx = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 5, 6]
-    rng = np.random.default_rng(0)
-    free = prop.propose_batch(make_batch(["a"], [ctx], [len(ctx)], np.array([10]), "lists", rng))
-    c = float(free.confidence[0])  # the match length's per-token confidence
-    for price in (0.05, 0.3, 0.6, 0.99):
-        dear = prop.propose_batch(make_batch(["a"], [ctx], [len(ctx)], np.array([10]), "lists", rng, price=price))
-        n = len(dear.tokens)
-        assert dear.lists()[0] == free.lists()[0][:n]
-        assert c**n >= price and (n == len(free.tokens) or c ** (n + 1) < price)
-
-
-def test_draft_batch_rejects_a_bad_price():
-    for bad in (-0.5, float("nan"), float("inf"), "0.1"):
-        with pytest.raises(ValueError, match="DraftBatch.token_price: expected a finite number >= 0"):
-            DraftBatch(["a"], [[1, 2]], np.array([2]), np.array([2]), np.array([4]), token_price=bad)
-
-
-def make_batch(ids, ctxs, new, caps, layout, rng, price: float = 0.0) -> DraftBatch:
+def make_batch(ids, ctxs, new, caps, layout, rng) -> DraftBatch:
     lens = np.array([len(c) for c in ctxs], dtype=np.int64)
     if layout == "lists":
-        return DraftBatch(ids, ctxs, lens, np.array(new), caps, token_price=price)
+        return DraftBatch(ids, ctxs, lens, np.array(new), caps)
     # vLLM's layout: a wider matrix, rows in any order, stale tokens past each length.
     dtype = np.int32 if layout == "matrix32" else np.int64
     width = int(lens.max()) + 5 if len(lens) else 1
@@ -191,7 +129,7 @@ def make_batch(ids, ctxs, new, caps, layout, rng, price: float = 0.0) -> DraftBa
     mat = rng.integers(0, 1000, size=(len(ctxs) + 2, width)).astype(dtype)
     for row, c in zip(rows, ctxs):
         mat[row, : len(c)] = c
-    return DraftBatch(ids, mat, lens, np.array(new), caps, rows=rows, token_price=price)
+    return DraftBatch(ids, mat, lens, np.array(new), caps, rows=rows)
 
 
 def test_suffix_tree_batch_rejects_bad_tokens_and_duplicate_ids():
@@ -301,54 +239,3 @@ def test_batch_drafts_truncate_and_round_trip():
     assert t.lists() == [[1], [], [7]] and t.confidence.tolist() == [0.9, 0.3]
     with pytest.raises(ValueError, match="offsets"):
         BatchDrafts(np.array([1, 2]), np.array([0, 3]))
-
-
-def test_layer_hands_a_pricing_policys_price_to_the_proposer():
-    from spec_plugins.policy.adaptive import AdaptiveLength
-
-    class Priced(FixedLength):
-        prices_tokens = True
-
-        def __init__(self, price):
-            super().__init__()
-            self.price = price
-
-        def token_price(self, batch):
-            return self.price
-
-    class Seen(NgramProposer):
-        def propose_batch(self, batch):
-            self.prices.append(batch.token_price)
-            return super().propose_batch(batch)
-
-    prop = Seen()
-    prop.prices = []
-    ctx = [1, 2, 3, 1, 2, 3, 1, 2]
-    DraftingLayer(prop, Priced(0.4)).step(["a"], [ctx], [len(ctx)], max_draft=8)
-    off = Priced(0.9)
-    off.prices_tokens = False  # declared off: the layer does not ask
-    DraftingLayer(prop, off).step(["a"], [ctx], [len(ctx)], max_draft=8)
-    assert prop.prices == [0.4, 0.0]
-    for bad in (-1.0, float("nan")):
-        with pytest.raises(ValueError, match="^policy token_price: expected a finite number >= 0"):
-            DraftingLayer(prop, Priced(bad)).step(["a"], [ctx], [len(ctx)], max_draft=8)
-    # The adaptive policy prices only when asked to, and only once it has a long-run rate.
-    def prices_over_three_steps(policy):
-        layer = DraftingLayer(prop, policy)
-        prop.prices.clear()
-        for step in range(3):
-            ids = [f"r{i}" for i in range(8)]
-            layer.step(ids, [ctx + [1] * step] * 8, [len(ctx) + step] * 8, max_draft=8,
-                       accepted=np.full(8, -1 if step == 0 else 1))
-        return list(prop.prices)
-
-    adaptive = AdaptiveLength(profile="vllm-cpu-smollm2-135m", price_drafts=0.5)
-    prices_over_three_steps(adaptive)
-    assert prop.prices[0] == 0.0 and prop.prices[-1] > 0.0
-    assert adaptive.stats()["token_price"] == prop.prices[-1]  # in the trace of a served engine
-    # A floor is handed over from the first step, and the bound only raises it.
-    assert prices_over_three_steps(AdaptiveLength(profile="vllm-cpu-smollm2-135m", min_token_price=0.1)) == [0.1] * 3
-    both = prices_over_three_steps(AdaptiveLength(profile="vllm-cpu-smollm2-135m", price_drafts=0.5, min_token_price=1e-6))
-    assert both[0] == 1e-6 and both[-1] > 1e-6
-    with pytest.raises(ValueError, match="min_token_price"):
-        AdaptiveLength(profile="vllm-cpu-smollm2-135m", min_token_price=1.5)

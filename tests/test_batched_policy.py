@@ -11,7 +11,7 @@ import pytest
 
 from policy_reference import ReferenceAdaptive, ReferenceCalibrator, ReferenceHistory, reference_allocate
 from spec_plugins.core import Draft, DraftRequest
-from spec_plugins.policy.acceptance import ConfidenceCalibrator, HistoryEstimator, draft_outcome, survival
+from spec_plugins.policy.acceptance import ConfidenceCalibrator, HistoryEstimator, survival
 from spec_plugins.policy.adaptive import AdaptiveLength
 from spec_plugins.policy.allocator import allocate, allocate_batch
 from spec_plugins.policy.cost import step_cost
@@ -144,40 +144,14 @@ def test_history_and_calibrator_match_one_observation_at_a_time(observe_path):
     np.testing.assert_allclose(cal.trials, ref_cal.trials, rtol=1e-12)
 
 
-def test_calibrator_tables_are_separate_calibrators(observe_path):
-    """A calibrator of several tables: each draft read from and learnt into its own table, as one calibrator per
-    table fed one observation at a time (each table decays with its own observations only)."""
-    rng = np.random.default_rng(4)
-    cal, refs = ConfidenceCalibrator(tables=4), [ReferenceCalibrator() for _ in range(4)]
-    for step in range(50):
-        m = int(rng.integers(1, 12))
-        drafted = rng.integers(0, 17, size=m)
-        accepted = np.array([rng.integers(0, d + 1) for d in drafted])
-        table = rng.integers(0, 4, size=m)
-        conf = rng.random((m, 16))
-        cal.observe_dense(conf, drafted, accepted, table)
-        for c, d, a, t in zip(conf, drafted.tolist(), accepted.tolist(), table.tolist()):
-            if d:
-                refs[t].observe(c[:d], a)
-        probe, probe_table = rng.random((6, 16)), rng.integers(0, 4, size=6)
-        want = np.stack([refs[t].calibrate(p) for p, t in zip(probe, probe_table.tolist())])
-        np.testing.assert_allclose(cal.calibrate_dense(probe, probe_table), want, rtol=1e-12)
-    for t in range(4):
-        np.testing.assert_allclose(cal.trials[5 * t: 5 * t + 5], refs[t].trials, rtol=1e-12)
-    with pytest.raises(ValueError, match=r"calibrator: expected one table in \[0, 4\) per draft"):
-        cal.calibrate_dense(probe, np.full(6, 4))
-    assert draft_outcome(np.array([3, 3, 3, 1]), np.array([3, 1, 0, 1])).tolist() == [1, 2, 3, 1]
-
-
-@pytest.mark.parametrize("by_outcome", [True, False])
 @pytest.mark.parametrize("with_confidence", [True, False])
-def test_adaptive_policy_chooses_what_the_per_request_policy_chooses(with_confidence, by_outcome, observe_path):
+def test_adaptive_policy_chooses_what_the_per_request_policy_chooses(with_confidence, observe_path):
     """Many steps of a batch of requests that come and go: same lengths at every step. Observations are
     reported one request at a time to both (the per-request policy cannot batch them)."""
     rng = np.random.default_rng(11 if with_confidence else 12)
     cost = step_cost(hardware="h200", model="llama-3.1-8b")
-    new = AdaptiveLength(cost=cost, calibrate_by_outcome=by_outcome)
-    old = ReferenceAdaptive(cost=cost, calibrate_by_outcome=by_outcome)
+    new = AdaptiveLength(cost=cost)
+    old = ReferenceAdaptive(cost=cost)
     live: list[str] = []
     next_id = 0
     same = total = 0
@@ -263,16 +237,12 @@ def observe_in_pieces(policy, req_ids, drafted, accepted):
     slots, _ = cols.lookup(req_ids, create=False)
     due = (cols["kept_len"][slots] == drafted) & (drafted > 0)
     cols["kept_len"][slots] = -1
-    tables = cols["outcome"][slots[due]].copy() if policy.options.calibrate_by_outcome else None
-    if policy.options.calibrate_by_outcome:
-        verified = drafted > 0
-        cols["outcome"][slots[verified]] = draft_outcome(drafted[verified], accepted[verified])
     if due.any():
         idx, d, a = slots[due], drafted[due], accepted[due]
         cal = policy.calibrator
         _observe.calibrated_observe(cal.trials, cal.successes, cal.prior_weight, cal.decay,
                                     cols["kept"][idx, : int(d.max())], d, a, cols["fit_ok"], cols["fit_predicted"],
-                                    idx, policy.options.history_decay, tables)
+                                    idx, policy.options.history_decay)
 
 
 @pytest.mark.parametrize("name,cost", list(curve_costs()), ids=lambda x: x if isinstance(x, str) else "")
@@ -286,8 +256,7 @@ def test_one_call_trim_and_observe_equal_the_compiled_pieces(name, cost, monkeyp
 
     rng = np.random.default_rng(17)
     options = [{}, {"search": "greedy"}, {"min_gain": 0.01, "max_draft_tokens_per_step": 40},
-               {"objective": "per_step", "request_correction": 0.0}, {"confidence": "off"},
-               {"calibrate_by_outcome": True}]
+               {"objective": "per_step", "request_correction": 0.0}, {"confidence": "off"}]
     for opts in options:
         fast, slow = AdaptiveLength(cost=cost, **opts), AdaptiveLength(cost=cost, **opts)
         live = [f"r{i}" for i in range(12)]
@@ -313,7 +282,7 @@ def test_one_call_trim_and_observe_equal_the_compiled_pieces(name, cost, monkeyp
             accepted = np.array([rng.integers(0, k + 1) for k in got])
             fast.observe_batch(live, got, accepted)
             observe_in_pieces(slow, live, got, accepted)
-        for col in ("kept", "kept_len", "fit_ok", "fit_predicted", "outcome", "trials", "successes"):
+        for col in ("kept", "kept_len", "fit_ok", "fit_predicted", "trials", "successes"):
             np.testing.assert_array_equal(fast.requests[col], slow.requests[col], err_msg=str((opts, col)))
         np.testing.assert_array_equal(fast.calibrator.trials, slow.calibrator.trials)
         np.testing.assert_array_equal(fast.calibrator.successes, slow.calibrator.successes)
@@ -335,90 +304,32 @@ def test_the_walks_ranking_is_numpys_stable_argsort():
         assert _walk.ranking(gain.tolist()) == np.argsort(-gain, kind="stable").tolist(), trial
 
 
-@pytest.mark.parametrize("profile", ["vllm-cpu-smollm2-135m", str(H200_PROFILE), str(CPU_CONTEXTS)])
-def test_token_price_bounds_the_survival_of_every_kept_token(profile):
-    """`token_price` at share 1 is the least survival the trim can keep in that step: every kept token's
-    calibrated survival is at least it, so a proposer told a share of it drafts no token the trim would keep
-    at that share's calibration."""
-    from spec_plugins.core import BatchDrafts, DraftBatch
-
-    rng = np.random.default_rng(7)
-    policy = AdaptiveLength(profile=profile, price_drafts=1.0)
-    assert policy.prices_tokens
-    priced = cut_below = 0
-    for step in range(60):
-        n = int(rng.choice([1, 4, 8, 16, 32, 64, 256]))
-        ids = [f"r{i}" for i in rng.choice(300, size=n, replace=False)]
-        lengths = rng.integers(0, 17, size=n)
-        offsets = np.concatenate(([0], np.cumsum(lengths)))
-        conf = rng.beta(3.0, 1.0, size=int(offsets[-1])) ** rng.uniform(0.3, 3.0)
-        drafts = BatchDrafts(rng.integers(0, 100, size=int(offsets[-1])), offsets, conf)
-        # Every other step at or below the shortest profiled context, the others up to 3,000 tokens (beyond the
-        # longest profiled context of the two-context profiles: extrapolated weights).
-        context = rng.integers(100, 256 if step % 2 else 3000, size=n)
-        batch = DraftBatch(ids, [[1]] * n, context, np.ones(n, np.int64), np.full(n, 16, np.int64))
-        price = policy.token_price(batch)
-        surv, _, _ = policy.survival_batch(ids, drafts)
-        keep = policy.trim_batch(batch, drafts)
-        kept = np.arange(surv.shape[1])[None, :] < keep[:, None]
-        if price > 0:
-            priced += 1
-            assert np.all(surv[kept] >= price * (1 - 1e-6)), (step, n, price, surv[kept].min())
-            cut_below += int(np.sum((surv < price) & (np.arange(surv.shape[1])[None, :] < lengths[:, None])))
-        policy.observe_batch(ids, keep, np.minimum(keep, rng.integers(0, 17, size=n)))
-    assert priced > 10 and cut_below > 0  # the bound was tested where it bites
-    assert AdaptiveLength(profile=profile).prices_tokens is False  # off by default: the layer does not ask
-
-
-def test_token_price_has_no_bound_under_a_negative_context_weight():
-    """Beyond the longest of three profiled contexts a request's weight on the middle one is negative (the last
-    two's trend): then a row can cost less than the reference curve's, and the price is 0, whatever an earlier
-    step with shorter contexts left in the cache."""
-    import copy
-    import json
-
-    data = json.loads(CPU_CONTEXTS.read_text())
-    longest = copy.deepcopy(data["contexts"][0])
-    longest["context_len"] = 4096
-    for p in longest["points"]:
-        p["step_ms"] *= 1.5
-    data["contexts"].append(longest)
-    policy = AdaptiveLength(cost=MeasuredCost(data))
-    assert policy._cheapest_row(8, 64, np.full(8, 200)) > 0.0  # at the reference context: the curve's own row
-    assert policy.cost.context_weights(np.full(8, 6000)).min() < 0.0
-    assert policy._cheapest_row(8, 64, np.full(8, 6000)) == 0.0
-    assert policy._cheapest_row(8, 64, np.full(8, 3000)) > 0.0  # between the profiled contexts: bounded again
-
-
-def test_compiled_calls_refuse_bad_calibrator_tables_before_changing_anything():
-    """The compiled survival, trim and observations check the stacked calibrator's shape and every request's
-    table (policy/numeric.hpp stacked_tables, tables_in_range) and leave the state as it was on refusal."""
+def test_compiled_calls_refuse_a_bad_calibrator_before_changing_anything():
+    """The compiled survival, trim and observations check the calibrator's shape ([5, bins], policy/numeric.hpp
+    calibrator_bins) and leave the state as it was on refusal."""
     from spec_plugins.core import BatchDrafts, DraftBatch
     from spec_plugins.policy import _observe, _walk
 
-    policy = AdaptiveLength(cost=MeasuredCost(str(H200_PROFILE)), calibrate_by_outcome=True)
+    policy = AdaptiveLength(cost=MeasuredCost(str(H200_PROFILE)))
     drafts = BatchDrafts(np.zeros(6, dtype=np.int64), np.array([0, 2, 6]), np.array([0.9, 0.5, 0.9, 0.8, 0.7, 0.1]))
     batch = DraftBatch(["a", "b"], [[1]] * 2, np.array([100, 200]), np.ones(2, dtype=np.int64), np.full(2, 4))
-    policy.observe_batch(["a", "b"], *[np.asarray(x) for x in ([2, 4], [1, 4])])  # gives both requests an outcome
+    policy.trim_batch(batch, drafts)  # both requests keep confidences to learn from
     cal = policy.calibrator
-    with pytest.raises(ValueError, match=r"survival: calibrator tables must be \[tables \* 5, bins\]"):
-        _walk.calibrated_survival(drafts.confidence, drafts.offsets, drafts.lengths, 4, cal.trials[:7],
-                                  cal.successes[:7], cal.prior_weight, None, None)
-    with pytest.raises(ValueError, match="survival: calibrator table out of range"):
-        _walk.calibrated_survival(drafts.confidence, drafts.offsets, drafts.lengths, 4, cal.trials, cal.successes,
-                                  cal.prior_weight, None, np.array([0, 4]))
+    with pytest.raises(ValueError, match=r"survival: calibrator tables must be \[5, bins\]"):
+        _walk.calibrated_survival(drafts.confidence, drafts.offsets, drafts.lengths, 4, cal.trials[:4],
+                                  cal.successes[:4], cal.prior_weight, None)
     slots, _ = policy.requests.lookup(["a", "b"])
-    policy.requests["outcome"][slots[1]] = 4  # not a table of this calibrator
-    before = {col: policy.requests[col].copy() for col in ("kept", "kept_len", "outcome", "trials")}
-    trials = cal.trials.copy()
-    with pytest.raises(ValueError, match="survival: calibrator table out of range"):
+    before = {col: policy.requests[col].copy() for col in ("kept", "kept_len", "fit_ok", "trials")}
+    cal.trials, cal.successes = np.zeros((20, cal.bins)), np.zeros((20, cal.bins))  # not [5, bins]
+    with pytest.raises(ValueError, match=r"survival: calibrator tables must be \[5, bins\]"):
         policy.trim_batch(batch, drafts)
-    with pytest.raises(ValueError, match="observe: calibrator table out of range"):
+    with pytest.raises(ValueError, match=r"calibrator: expected \[5, bins\]"):
         policy.observe_batch(["a", "b"], np.array([2, 4]), np.array([2, 1]))
-    with pytest.raises(ValueError, match="calibrator: table out of range"):
+    with pytest.raises(ValueError, match=r"calibrator: expected \[5, bins\]"):
         _observe.calibrated_observe(cal.trials, cal.successes, cal.prior_weight, cal.decay, np.full((2, 4), 0.5),
                                     np.array([2, 4]), np.array([1, 0]), policy.requests["fit_ok"],
-                                    policy.requests["fit_predicted"], slots, 0.9, np.array([0, 4]))
+                                    policy.requests["fit_predicted"], slots, 0.9)
     for col, was in before.items():
         np.testing.assert_array_equal(policy.requests[col], was, err_msg=col)
-    np.testing.assert_array_equal(cal.trials, trials)
+    np.testing.assert_array_equal(policy.history.pooled_trials, 0.0)
+    np.testing.assert_array_equal(cal.trials, 0.0)

@@ -253,3 +253,6 @@ def test_adaptive_policy_options_errors():
         create_policy("adaptive", {"min_gain": 5, "hardware": "h200"})
     with pytest.raises(ValueError, match=r"policy_options.speed: unknown option"):
         create_policy("adaptive", {"speed": 5})
+    # Options measured not to pay are not options (docs/notes/results-log.md): refused by name, not ignored.
+    with pytest.raises(ValueError, match=r"policy_options.price_drafts"):
+        create_policy("adaptive", {"price_drafts": 0.5})

@@ -267,9 +267,9 @@ def test_policy_e2e_configurations_and_bad_input(capsys):
     assert list(two) == ["none", "suffix_tree+adaptive K<=16", "suffix_tree+adaptive K<=16 step_overhead=model"]
     assert two["suffix_tree+adaptive K<=16 step_overhead=model"][1]["spec_plugins"]["policy_options"]["step_overhead"] == "model"
     # An option the later set leaves out is named too (its engine would otherwise replace the first one's).
-    back = policy_e2e.configurations("suffix_tree", [], 16, [{"profile": "p", "calibrate_by_outcome": False},
+    back = policy_e2e.configurations("suffix_tree", [], 16, [{"profile": "p", "search": "global"},
                                                              {"profile": "p"}], [], [])
-    assert list(back) == ["none", "suffix_tree+adaptive K<=16", "suffix_tree+adaptive K<=16 calibrate_by_outcome=default"]
+    assert list(back) == ["none", "suffix_tree+adaptive K<=16", "suffix_tree+adaptive K<=16 search=default"]
     with pytest.raises(ValueError, match="two sets of options make the same engine"):
         policy_e2e.configurations("suffix_tree", [], 16, [{"profile": "p"}, {"profile": "p"}], [], [])
     # Proposer options: one adaptive engine per (policy, proposer) pair, named by what each changes.

@@ -6,9 +6,7 @@ tokens that followed it. Stateless: every call looks at the whole context.
 
 `propose_batch`, the serving path, runs the same rule for the whole batch in one compiled call
 (`_core.cpp`: GIL released, rows spread over threads from `parallel_from` rows up); `lookup` is the
-numpy reference it is tested against. A priced step (`DraftBatch.token_price`) ends each draft before the
-first token whose path probability (its confidence to the power of its position + 1) is below the price; only
-the batched path is priced (`DraftRequest` carries no price).
+numpy reference it is tested against.
 """
 
 from __future__ import annotations
@@ -70,12 +68,7 @@ class NgramProposer:
         if not self.confidence:
             return BatchDrafts(tokens, offsets)
         lengths = offsets[1:] - offsets[:-1]
-        conf = match_confidence(match)
-        drafts = BatchDrafts(tokens, offsets, np.repeat(conf, lengths))
-        if batch.token_price > 0.0:  # token k's path probability is conf ** (k + 1): none below the price
-            keep = np.floor(np.log(batch.token_price) / np.log(conf) + 1e-9)
-            drafts = drafts.truncated(np.clip(keep, 0, lengths).astype(np.int64))
-        return drafts
+        return BatchDrafts(tokens, offsets, np.repeat(match_confidence(match), lengths))
 
     def finish(self, req_id) -> None:
         pass

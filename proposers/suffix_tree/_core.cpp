@@ -33,11 +33,6 @@ py::array_t<long long> int64_column(py::handle obj, const char* what, long long 
   return py::array_t<long long, py::array::c_style | py::array::forcecast>::ensure(arr);
 }
 
-double check_price(double p) {
-  if (!(p >= 0.0) || !std::isfinite(p)) throw py::value_error("price: expected a finite number >= 0, got " + std::to_string(p));
-  return p;
-}
-
 CopyParams check_copy(bool on, double min_prob, long long window, long long near_len, long long anchor_run,
                       long long oldest_from, double near_bonus, double near_first_bonus, double hazard_c,
                       double hazard_d, double disagree_factor) {
@@ -104,10 +99,10 @@ class PyCache {
     cache_.append(key, buf_.data(), buf_.size());
     return to_python(cache_.speculate(key, m));
   }
-  py::tuple speculate(long long key, long long max_tokens, double price) {
+  py::tuple speculate(long long key, long long max_tokens) {
     quiet();
     require(key, "speculate");
-    return to_python(cache_.speculate(key, check_max_tokens(max_tokens), check_price(price)));
+    return to_python(cache_.speculate(key, check_max_tokens(max_tokens)));
   }
   // The batched step (Cache::step): one call for the whole batch, drafting with the GIL released.
   //   keys:       int64 [B], distinct
@@ -118,9 +113,8 @@ class PyCache {
   // draft is tokens[offsets[i]:offsets[i + 1]], its per-token conditional confidences alike, and
   // status[i] is 0 (continued), 1 (started) or 2 (started over).
   py::tuple step_batch(py::handle keys_obj, py::handle contexts, py::handle rows_obj, py::handle lens_obj,
-                       py::handle num_new_obj, py::handle max_tokens_obj, double price) {
+                       py::handle num_new_obj, py::handle max_tokens_obj) {
     quiet();
-    check_price(price);
     const auto keys = int64_column(keys_obj, "keys");
     const size_t n = size_t(keys.shape(0));
     const auto lens = int64_column(lens_obj, "lens", n);
@@ -194,7 +188,7 @@ class PyCache {
     {
       py::gil_scoped_release release;
       if (n >= parallel_from_ && workers_ != 0 && !pool_) pool_ = std::make_unique<spec_plugins::WorkerPool>(workers_);
-      cache_.step(plan, drafts, pool_.get(), parallel_from_, price);
+      cache_.step(plan, drafts, pool_.get(), parallel_from_);
     }
 
     size_t total = 0;
@@ -394,10 +388,9 @@ PYBIND11_MODULE(_core, m) {
       .def("append", &PyCache::append, py::arg("key"), py::arg("tokens"))
       .def("sync_speculate", &PyCache::sync_speculate, py::arg("key"), py::arg("tokens"), py::arg("num_new"),
            py::arg("max_tokens"))
-      .def("speculate", &PyCache::speculate, py::arg("key"), py::arg("max_tokens"), py::arg("price") = 0.0)
+      .def("speculate", &PyCache::speculate, py::arg("key"), py::arg("max_tokens"))
       .def("step_batch", &PyCache::step_batch, py::arg("keys"), py::arg("contexts"), py::arg("rows"),
-           py::arg("lens"), py::arg("num_new"), py::arg("max_tokens"), py::arg("price") = 0.0,
-           "price: expected accepted tokens a drafted token must add (Cache::speculate); 0: unpriced.")
+           py::arg("lens"), py::arg("num_new"), py::arg("max_tokens"))
       .def("set_parallel", &PyCache::set_parallel, py::arg("threads"), py::arg("parallel_from"),
            py::arg("interleave") = 16,
            "Worker threads for batched drafting (-1: one per extra core, at most 7; 0: none), the batch "

@@ -80,37 +80,17 @@ class Cache {
     return r.local->seq(r.seq).tok.size();
   }
 
-  Draft speculate(long long key, i32 max_tokens, double price = 0.0) {
-    return speculate(settled(key), max_tokens, price);
-  }
+  Draft speculate(long long key, i32 max_tokens) { return speculate(settled(key), max_tokens); }
 
-  // price: the adaptive policy's least survival a kept token can have this step (DraftBatch.token_price): the
-  // draft is the unpriced one up to its last token whose path probability is >= price. The candidates are
-  // chosen as unpriced (choosing them net of the price lost modelled goodput on the replays, see
-  // docs/notes/results-log.md), so a priced draft is always a prefix of the unpriced one.
-  // The score stays the unpriced draft's.
-  Draft speculate(Req& r, i32 max_tokens, double price = 0.0) {
+  Draft speculate(Req& r, i32 max_tokens) {
     Draft best;
-    speculate_into(r, max_tokens, price, best);
+    speculate_into(r, max_tokens, best);
     return best;
   }
 
   // The same into `best`, whose buffers a batched step keeps from one step to the next (no allocation
   // per request and step).
-  void speculate_into(Req& r, i32 max_tokens, double price, Draft& best) {
-    speculate_unpriced(r, max_tokens, best);
-    if (price > 0.0) {
-      const size_t keep = best.leading_at_least(price);
-      best.tokens.resize(keep);
-      best.probs.resize(keep);
-      if (keep == 0) {
-        best.match_len = 0;
-        r.copied = false;  // as unpriced: an empty draft came from no candidate
-      }
-    }
-  }
-
-  void speculate_unpriced(Req& r, i32 max_tokens, Draft& best) {
+  void speculate_into(Req& r, i32 max_tokens, Draft& best) {
     best.tokens.clear();
     best.probs.clear();
     best.score = 0.0;
@@ -189,7 +169,7 @@ class Cache {
     return kContinue;
   }
   void step(const std::vector<Row>& rows, std::vector<Draft>& out, spec_plugins::WorkerPool* pool,
-            size_t parallel_from, double price = 0.0) {
+            size_t parallel_from) {
     const size_t n = rows.size();
     out.resize(n);
     const bool shared_appends = o_.cache_active && o_.max_cached > 0;  // appends also extend the global tree
@@ -219,7 +199,7 @@ class Cache {
         }
         feed_group(reqs.data() + lo, fed.data() + lo, hi - lo);
       }
-      for (size_t i = lo; i < hi; ++i) speculate_into(*reqs[i], rows[i].max_tokens, price, out[i]);
+      for (size_t i = lo; i < hi; ++i) speculate_into(*reqs[i], rows[i].max_tokens, out[i]);
     };
     const size_t groups = (n + group - 1) / group;
     if (pool == nullptr || n < parallel_from) {

@@ -25,10 +25,7 @@ histories. With `append_ahead` each batched step ends by handing the drafts' lea
 `ahead_min_prob`) to a thread of its own, which appends them to the trees tentatively (journaled) while the
 engine verifies; the next step keeps those that agree with the engine's new tokens and takes the rest back, so
 the step appends only what was not guessed (a step with fewer than `ahead_min_tokens` such tokens in all hands
-none over: waking the thread would cost more). Drafts are the same with it or without. A priced step (`DraftBatch.token_price`,
-set by the adaptive policy's `price_drafts`) ends each draft before its first token whose path probability is
-below the price: the same candidates, a prefix of the unpriced draft. Only the batched path is priced
-(`DraftRequest` carries no price).
+none over: waking the thread would cost more). Drafts are the same with it or without.
 """
 
 from __future__ import annotations
@@ -194,7 +191,7 @@ class SuffixTreeProposer:
                 self._next_key += 1
         try:
             tokens, confidence, offsets, _ = self._core.step_batch(
-                ks, batch.contexts, batch.rows, batch.context_lens, batch.num_new, batch.max_draft, batch.token_price)
+                ks, batch.contexts, batch.rows, batch.context_lens, batch.num_new, batch.max_draft)
         except ValueError as exc:
             raise ValueError(f"suffix_tree: {exc}") from None
         return BatchDrafts(tokens, offsets, confidence)
@@ -230,12 +227,9 @@ class SuffixTreeProposer:
     def append(self, req_id: Hashable, token_ids: Sequence[int]) -> None:
         self._core.append(self._key(req_id), token_ids)
 
-    def speculate(self, req_id: Hashable, max_tokens: int, price: float = 0.0
-                  ) -> tuple[list[int], list[float], float, int]:
-        """(draft tokens, path probabilities, score = sum of probabilities, match length); with `price` (as
-        `DraftBatch.token_price`) the tokens and probabilities end before the first path probability below it (the
-        score and match length stay the unpriced draft's, the match length 0 if nothing is left)."""
-        return self._core.speculate(self._key(req_id), max_tokens, price)
+    def speculate(self, req_id: Hashable, max_tokens: int) -> tuple[list[int], list[float], float, int]:
+        """(draft tokens, path probabilities, score = sum of probabilities, match length)."""
+        return self._core.speculate(self._key(req_id), max_tokens)
 
     def draft_kind(self, req_id: Hashable) -> str:
         """Which candidate the request's last draft came from: "copy" (its own text) or "count" (the trees)."""

@@ -66,7 +66,7 @@ from typing import Any, Callable, Hashable, Iterable, Protocol, Sequence, runtim
 import numpy as np
 
 from spec_plugins.core import (
-    BatchProposer, DraftBatch, DraftRequest, Proposer, ReportsDraftKind, check_drafts, check_price,
+    BatchProposer, DraftBatch, DraftRequest, Proposer, ReportsDraftKind, check_drafts,
 )
 from spec_plugins.traces import request_record, trace_document, write_trace
 
@@ -237,13 +237,11 @@ def accepted_prefix(draft: Sequence[int], truth: np.ndarray) -> int:
 
 
 def walk(proposer: Proposer, row: Row, max_draft: int, req_id: Hashable | None = None,
-         clock: Callable[[], int] = time.perf_counter_ns, batched: bool = False, token_price: float = 0.0) -> Walk:
+         clock: Callable[[], int] = time.perf_counter_ns, batched: bool = False) -> Walk:
     """Replay `row` through `proposer` as a greedy engine would (see the module docstring).
 
     batched: draft through the proposer's batched serving path (`propose_batch`, one row a step) where
-    it has one, instead of `propose`; the drafts must be the same.
-    token_price: every batched step priced so (`DraftBatch.token_price`), as the adaptive policy's
-    `price_drafts` would price it."""
+    it has one, instead of `propose`; the drafts must be the same."""
     batch_path = batched and isinstance(proposer, BatchProposer)
     reports_kind = isinstance(proposer, ReportsDraftKind)
     req_id = row.id if req_id is None else req_id
@@ -257,8 +255,7 @@ def walk(proposer: Proposer, row: Row, max_draft: int, req_id: Hashable | None =
         t0 = clock()
         if batch_path:
             drafts = proposer.propose_batch(DraftBatch([req_id], [req.tokens], np.array([end]),
-                                                       np.array([req.num_new]), np.array([max_draft]),
-                                                       token_price=token_price)).drafts()
+                                                       np.array([req.num_new]), np.array([max_draft]))).drafts()
         else:
             drafts = proposer.propose([req])
         out.propose_ns.append(clock() - t0)
@@ -375,15 +372,14 @@ class WorkloadResult:
 
 def run_workload(name: str, file: str, rows: list[Row], proposers: list[str],
                  options: dict[str, dict[str, Any]], max_draft: int,
-                 advance: Callable[[], None] = lambda: None, batched: bool = False,
-                 token_price: float = 0.0) -> WorkloadResult:
+                 advance: Callable[[], None] = lambda: None, batched: bool = False) -> WorkloadResult:
     instances = {p: make_proposer(p, options.get(p)) for p in proposers}
     walks: dict[str, list[Walk]] = {p: [] for p in proposers}
     wall = {p: 0.0 for p in proposers}
     for row in rows:
         for p, inst in instances.items():  # proposers take turns row by row
             t0 = time.perf_counter()
-            walks[p].append(walk(inst, row, max_draft, batched=batched, token_price=token_price))
+            walks[p].append(walk(inst, row, max_draft, batched=batched))
             wall[p] += time.perf_counter() - t0
             advance()
     updates: dict[str, tuple[int, int] | None] = {}
@@ -478,8 +474,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--batched", action="store_true",
                     help="draft through each proposer's batched serving path (propose_batch) where it has one")
-    ap.add_argument("--token-price", type=float, default=0.0,
-                    help="with --batched: price every step's drafted tokens so (DraftBatch.token_price; default 0)")
     args = ap.parse_args(argv)
 
     from rich.console import Console
@@ -494,10 +488,6 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--proposers: listed twice: {args.proposers}")
         if args.max_draft < 1:
             raise ValueError(f"--max-draft: expected >= 1, got {args.max_draft}")
-        if args.token_price != 0.0:
-            if not args.batched:
-                raise ValueError("--token-price: needs --batched (the price reaches proposers through DraftBatch)")
-            check_price(args.token_price, "--token-price")
         if args.limit is not None and args.limit < 1:
             raise ValueError(f"--limit: expected >= 1, got {args.limit}")
         options = parse_options(args.options)
@@ -538,13 +528,12 @@ def main(argv: list[str] | None = None) -> int:
         for name, f, rows in workloads:
             progress.update(task, description=f"replay {name}")
             results.append(run_workload(name, f, rows, names, options, args.max_draft,
-                                        lambda: progress.advance(task), batched=args.batched,
-                                        token_price=args.token_price))
+                                        lambda: progress.advance(task), batched=args.batched))
 
     report: dict[str, Any] = {
         "format": RESULT_FORMAT,
-        "config": {"max_draft": args.max_draft, "token_price": args.token_price, "proposers": names,
-                   "options": options, "tokenizer": tok.path, "limit": args.limit, "baseline": baseline},
+        "config": {"max_draft": args.max_draft, "proposers": names, "options": options, "tokenizer": tok.path,
+                   "limit": args.limit, "baseline": baseline},
         "workloads": {r.name: workload_json(r, notes) for r in results},
         "proposers": pooled_json(results, notes),
     }

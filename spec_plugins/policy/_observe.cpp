@@ -14,9 +14,7 @@
 
 namespace py = pybind11;
 using spec_plugins_policy::numpy_sum;
-using spec_plugins_policy::CalibratorShape;
-using spec_plugins_policy::stacked_tables;
-using spec_plugins_policy::tables_in_range;
+using spec_plugins_policy::calibrator_bins;
 
 namespace {
 
@@ -98,19 +96,17 @@ void calibrated_update(double* ct, double* cs, py::ssize_t bins, double prior_we
   for (std::int64_t j = 0; j < accepted; ++j) cs[cell[j]] += 1.0;
 }
 
-// The calibrator's stacked tables (numeric.hpp stacked_tables), or a one-line error.
-CalibratorShape calibrator_shape(const f64& trials, const f64& successes) {
-  const CalibratorShape shape = stacked_tables(trials.ndim(), trials.shape(), successes.ndim(), successes.shape());
-  if (shape.tables == 0) throw py::value_error("calibrator: expected [tables * 5, bins]");
-  return shape;
+// The calibrator's bins (numeric.hpp calibrator_bins), or a one-line error.
+std::int64_t calibrator_shape(const f64& trials, const f64& successes) {
+  const std::int64_t bins = calibrator_bins(trials.ndim(), trials.shape(), successes.ndim(), successes.shape());
+  if (bins == 0) throw py::value_error("calibrator: expected [5, bins]");
+  return bins;
 }
 
-// For each verified draft in order: calibrated_update (confidence [m, w], row i's first drafted[i]) in table
-// tables[i] of the stacked calibrator (table 0 without tables).
+// For each verified draft in order: calibrated_update (confidence [m, w], row i's first drafted[i]).
 void calibrated_observe(f64 cal_trials, f64 cal_successes, double prior_weight, double cal_decay, f64 confidence,
-                        i64 drafted, i64 accepted, f64 fit_ok, f64 fit_predicted, i64 slots, double fit_decay,
-                        py::object tables_obj) {
-  const auto [bins, tables_count] = calibrator_shape(cal_trials, cal_successes);
+                        i64 drafted, i64 accepted, f64 fit_ok, f64 fit_predicted, i64 slots, double fit_decay) {
+  const std::int64_t bins = calibrator_shape(cal_trials, cal_successes);
   double* ct = data(cal_trials, "cal_trials", cal_trials.size());
   double* cs = data(cal_successes, "cal_successes", cal_trials.size());
   if (confidence.ndim() != 2) throw py::value_error("confidence: expected [drafts, positions]");
@@ -122,38 +118,24 @@ void calibrated_observe(f64 cal_trials, f64 cal_successes, double prior_weight, 
   double* fo = fit_ok.mutable_data();
   double* fp = fit_predicted.mutable_data();
   if (drafted.size() != m || accepted.size() != m || slots.size() != m) throw py::value_error("calibrator: one outcome per draft");
-  i64 tables;
-  const bool by_table = !tables_obj.is_none();
-  if (by_table) {
-    tables = tables_obj.cast<i64>();
-    if (tables.size() != m) throw py::value_error("calibrator: one table per draft");
-  }
   for (py::ssize_t i = 0; i < m; ++i) {  // everything checked before anything changes
     if (d[i] <= 0 || d[i] > w || d[i] > 4096) throw py::value_error("calibrator: a draft length outside its confidences");
     check_outcome(d[i], a[i]);
     if (sl[i] < 0 || sl[i] >= fit_ok.size() || fit_predicted.size() != fit_ok.size())
       throw py::value_error("calibrator: slot out of range");
   }
-  if (by_table && !tables_in_range(tables.data(), nullptr, std::size_t(m), tables_count))
-    throw py::value_error("calibrator: table out of range");
-  for (py::ssize_t i = 0; i < m; ++i) {
-    const py::ssize_t at = by_table ? tables.data()[i] * 5 * bins : 0;
-    calibrated_update(ct + at, cs + at, bins, prior_weight, cal_decay, conf + i * w, d[i], a[i], fo[sl[i]], fp[sl[i]],
-                      fit_decay);
-  }
+  for (py::ssize_t i = 0; i < m; ++i)
+    calibrated_update(ct, cs, bins, prior_weight, cal_decay, conf + i * w, d[i], a[i], fo[sl[i]], fp[sl[i]], fit_decay);
 }
 
 // One AdaptiveLength.observe_batch (adaptive.py) in one call. Per request (slots: its row in the policy's
 // columns), in order: the history learns every draft of > 0 tokens; the calibrator and the request's fit
 // learn from the draft whose kept confidences were stored at trim (kept_len equal to what was drafted);
-// every request's stored draft is then used up (kept_len -1). With the requests' outcome column
-// (`calibrate_by_outcome`) the calibrator learns in the table of the request's outcome so far, and every draft
-// of > 0 tokens then sets it (draft_outcome; trim_step sets 0 where a step keeps nothing). Everything is checked
-// before anything changes.
+// every request's stored draft is then used up (kept_len -1). Everything is checked before anything changes.
 void observe_step(i64 slots, i64 drafted, i64 accepted, f64 pooled_trials, f64 pooled_successes, f64 trials,
                   f64 successes, double decay, double pooled_decay, f64 kept, i64_out kept_len, f64 cal_trials,
                   f64 cal_successes, double prior_weight, double cal_decay, f64 fit_ok, f64 fit_predicted,
-                  double fit_decay, py::object outcome_obj) {
+                  double fit_decay) {
   const py::ssize_t m = slots.size();
   if (drafted.size() != m || accepted.size() != m) throw py::value_error("observe: one outcome per slot");
   const py::ssize_t p = pooled_trials.size(), capacity = trials.shape(0);
@@ -165,19 +147,11 @@ void observe_step(i64 slots, i64 drafted, i64 accepted, f64 pooled_trials, f64 p
   if (kept.ndim() != 2 || kept.shape(0) != capacity || kept_len.size() != capacity || fit_ok.size() != capacity ||
       fit_predicted.size() != capacity || !kept_len.writeable())
     throw py::value_error("observe: per-request columns of different sizes, or read-only");
-  const auto [bins, tables] = calibrator_shape(cal_trials, cal_successes);
+  const std::int64_t bins = calibrator_shape(cal_trials, cal_successes);
   const py::ssize_t positions = kept.shape(1);
   double* ct = data(cal_trials, "cal_trials", cal_trials.size());
   double* cs = data(cal_successes, "cal_successes", cal_trials.size());
   double* k = data(kept, "kept", kept.size());
-  i64_out outcome;
-  std::int64_t* oc = nullptr;
-  if (!outcome_obj.is_none()) {
-    outcome = outcome_obj.cast<i64_out>();
-    if (outcome.size() != capacity || !outcome.writeable())
-      throw py::value_error("observe: per-request columns of different sizes, or read-only");
-    oc = outcome.mutable_data();
-  }
   std::int64_t* kl = kept_len.mutable_data();
   double* fo = data(fit_ok, "fit_ok", capacity);
   double* fp = data(fit_predicted, "fit_predicted", capacity);
@@ -188,20 +162,15 @@ void observe_step(i64 slots, i64 drafted, i64 accepted, f64 pooled_trials, f64 p
     if (sl[i] < 0 || sl[i] >= capacity) throw py::value_error("observe: slot out of range");
     if (d[i] > 0) check_outcome(d[i], a[i]);
   }
-  if (oc && !tables_in_range(oc, sl, std::size_t(m), tables))
-    throw py::value_error("observe: calibrator table out of range");
   for (py::ssize_t i = 0; i < m; ++i) {
     if (d[i] <= 0) {
       kl[sl[i]] = -1;
       continue;
     }
     history_update(pt, ps, rt + sl[i] * p, rs + sl[i] * p, p, d[i], a[i], decay, pooled_decay);
-    if (kl[sl[i]] == d[i] && d[i] <= positions && d[i] <= 4096) {
-      const py::ssize_t at = oc ? oc[sl[i]] * 5 * bins : 0;
-      calibrated_update(ct + at, cs + at, bins, prior_weight, cal_decay, k + sl[i] * positions, d[i], a[i], fo[sl[i]],
-                        fp[sl[i]], fit_decay);
-    }
-    if (oc) oc[sl[i]] = spec_plugins_policy::draft_outcome(d[i], a[i]);
+    if (kl[sl[i]] == d[i] && d[i] <= positions && d[i] <= 4096)
+      calibrated_update(ct, cs, bins, prior_weight, cal_decay, k + sl[i] * positions, d[i], a[i], fo[sl[i]], fp[sl[i]],
+                        fit_decay);
     kl[sl[i]] = -1;
   }
 }
@@ -215,7 +184,10 @@ PYBIND11_MODULE(_observe, m) {
         py::arg("decay"), py::arg("pooled_decay"));
   m.def("calibrated_observe", &calibrated_observe, py::arg("cal_trials"), py::arg("cal_successes"),
         py::arg("prior_weight"), py::arg("cal_decay"), py::arg("confidence"), py::arg("drafted"),
-        py::arg("accepted"), py::arg("fit_ok"), py::arg("fit_predicted"), py::arg("slots"), py::arg("fit_decay"),
-        py::arg("tables") = py::none());
-  m.def("observe_step", &observe_step);
+        py::arg("accepted"), py::arg("fit_ok"), py::arg("fit_predicted"), py::arg("slots"), py::arg("fit_decay"));
+  m.def("observe_step", &observe_step, py::arg("slots"), py::arg("drafted"), py::arg("accepted"),
+        py::arg("pooled_trials"), py::arg("pooled_successes"), py::arg("trials"), py::arg("successes"),
+        py::arg("decay"), py::arg("pooled_decay"), py::arg("kept"), py::arg("kept_len"), py::arg("cal_trials"),
+        py::arg("cal_successes"), py::arg("prior_weight"), py::arg("cal_decay"), py::arg("fit_ok"),
+        py::arg("fit_predicted"), py::arg("fit_decay"));
 }

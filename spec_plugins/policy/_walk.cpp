@@ -21,9 +21,7 @@ namespace py = pybind11;
 using spec_plugins_policy::calibrated;
 using spec_plugins_policy::calibration_cell;
 using spec_plugins_policy::clip01;
-using spec_plugins_policy::CalibratorShape;
-using spec_plugins_policy::stacked_tables;
-using spec_plugins_policy::tables_in_range;
+using spec_plugins_policy::calibrator_bins;
 using spec_plugins_policy::numpy_sum;
 
 namespace {
@@ -247,11 +245,11 @@ i64 walk(f64 survival, i64 lengths_in, double sunk, bool greedy, double min_gain
   return out;
 }
 
-// The calibrator's stacked tables (numeric.hpp stacked_tables), or a one-line error.
-CalibratorShape calibrator_shape(const f64& trials, const f64& successes) {
-  const CalibratorShape shape = stacked_tables(trials.ndim(), trials.shape(), successes.ndim(), successes.shape());
-  if (shape.tables == 0) throw py::value_error("survival: calibrator tables must be [tables * 5, bins]");
-  return shape;
+// The calibrator's bins (numeric.hpp calibrator_bins), or a one-line error.
+std::int64_t calibrator_shape(const f64& trials, const f64& successes) {
+  const std::int64_t bins = calibrator_bins(trials.ndim(), trials.shape(), successes.ndim(), successes.shape());
+  if (bins == 0) throw py::value_error("survival: calibrator tables must be [5, bins]");
+  return bins;
 }
 
 // One draft's prefix survival from its raw confidences x[0..len): calibrated per cell, scaled by the
@@ -273,14 +271,13 @@ void survival_row(const double* x, std::int64_t len, const double* trials, const
 
 // The walk's input from drafts with confidences (AdaptiveLength._survival): each request's first
 // usable[r] confidences as a dense [n, width] matrix, calibrated (histogram cells by position bucket and
-// bin, in table tables[r] of the stacked calibrator, or table 0 without tables), scaled by the request's
-// correction and clipped, then multiplied along the draft. Returns (survival, raw confidences), both zero
-// past each request's usable length.
+// bin), scaled by the request's correction and clipped, then multiplied along the draft. Returns (survival,
+// raw confidences), both zero past each request's usable length.
 py::tuple calibrated_survival(f64 flat, i64 offsets, i64 usable, py::ssize_t width, f64 cal_trials,
-                              f64 cal_successes, double prior_weight, py::object correction_obj, py::object tables_obj) {
+                              f64 cal_successes, double prior_weight, py::object correction_obj) {
   const py::ssize_t n = usable.size();
   if (offsets.size() != n + 1) throw py::value_error("survival: one offset per draft, plus one");
-  const auto [bins, tables] = calibrator_shape(cal_trials, cal_successes);
+  const std::int64_t bins = calibrator_shape(cal_trials, cal_successes);
   const double* ct = cal_trials.data();
   const double* cs = cal_successes.data();
   const double* x = flat.data();
@@ -292,14 +289,6 @@ py::tuple calibrated_survival(f64 flat, i64 offsets, i64 usable, py::ssize_t wid
     correction = correction_obj.cast<f64>();
     if (correction.size() != n) throw py::value_error("survival: one correction per draft");
   }
-  i64 table;
-  const bool by_table = !tables_obj.is_none();
-  if (by_table) {
-    table = tables_obj.cast<i64>();
-    if (table.size() != n) throw py::value_error("survival: one calibrator table per draft");
-    if (!tables_in_range(table.data(), nullptr, std::size_t(n), tables))
-      throw py::value_error("survival: calibrator table out of range");
-  }
   f64 surv({n, width}), conf({n, width});
   double* sv = surv.mutable_data();
   double* cf = conf.mutable_data();
@@ -307,9 +296,8 @@ py::tuple calibrated_survival(f64 flat, i64 offsets, i64 usable, py::ssize_t wid
   std::fill(cf, cf + n * width, 0.0);
   for (py::ssize_t r = 0; r < n; ++r) {
     if (u[r] < 0 || u[r] > width || o[r] + u[r] > flat.size()) throw py::value_error("survival: a draft outside its confidences");
-    const py::ssize_t at = by_table ? table.data()[r] * 5 * bins : 0;
-    survival_row(x + o[r], u[r], ct + at, cs + at, bins, prior_weight, corrected,
-                 corrected ? correction.data()[r] : 1.0, sv + r * width, cf + r * width);
+    survival_row(x + o[r], u[r], ct, cs, bins, prior_weight, corrected, corrected ? correction.data()[r] : 1.0,
+                 sv + r * width, cf + r * width);
   }
   return py::make_tuple(surv, conf);
 }
@@ -319,9 +307,8 @@ using f64_out = spec_plugins::CArray<double, py::array::c_style>;
 using i64_out = spec_plugins::CArray<std::int64_t, py::array::c_style>;
 
 // One AdaptiveLength.trim_batch (adaptive.py) in one call, for a cost model that exposes its curves:
-//   survival  from the drafts' confidences (conf: flat, per token; calibrated by the histogram tables, in
-//             the table of the request's last outcome where the outcome column is given, scaled by each
-//             request's fit (ok + k) / (predicted + k) when k > 0) or, with conf None,
+//   survival  from the drafts' confidences (conf: flat, per token; calibrated by the histogram tables,
+//             scaled by each request's fit (ok + k) / (predicted + k) when k > 0) or, with conf None,
 //             from the history (pooled trials, successes, prior and prior weight; per-request trials and
 //             successes [S, P]; the request prior weight), as HistoryEstimator.conditional_slots;
 //   the walk  (walk_into) over the cost curve and attention;
@@ -332,7 +319,7 @@ using i64_out = spec_plugins::CArray<std::int64_t, py::array::c_style>;
 py::tuple trim_step(py::object conf_obj, i64 offsets, i64 drafted, py::object history_obj, i64 slots, f64 cal_trials,
                     f64 cal_successes, double prior_weight, f64 fit_ok, f64 fit_predicted, double correction_k,
                     f64_out kept, i64_out kept_len, double sunk, bool greedy, double min_gain, py::object rate_obj,
-                    long long budget, f64 curve, py::object attention_obj, py::object outcome_obj) {
+                    long long budget, f64 curve, py::object attention_obj) {
   const py::ssize_t n = drafted.size();
   if (offsets.size() != n + 1 || slots.size() != n) throw py::value_error("trim: one offset (plus one) and slot per draft");
   if (kept.ndim() != 2 || kept_len.size() != kept.shape(0) || fit_ok.size() != kept.shape(0) ||
@@ -353,33 +340,21 @@ py::tuple trim_step(py::object conf_obj, i64 offsets, i64 drafted, py::object hi
   }
   std::vector<double> surv(n * width, 0.0);
   const bool with_conf = !conf_obj.is_none();
-  i64_out outcome;  // with `calibrate_by_outcome`: each request's last outcome, its calibrator table
-  bool by_outcome = false;
   f64 conf_flat;
   std::vector<double> raw;
   if (with_conf) {
     conf_flat = conf_obj.cast<f64>();
     if (conf_flat.size() != o[n]) throw py::value_error("trim: one confidence per drafted token");
-    const auto [bins, tables] = calibrator_shape(cal_trials, cal_successes);
+    const std::int64_t bins = calibrator_shape(cal_trials, cal_successes);
     const double* ct = cal_trials.data();
     const double* cs = cal_successes.data();
     const double* x = conf_flat.data();
     const double* fo = fit_ok.data();
     const double* fp = fit_predicted.data();
-    // With the requests' outcome column (`calibrate_by_outcome`), each draft reads its request's table.
-    by_outcome = !outcome_obj.is_none();
-    if (by_outcome) {
-      outcome = outcome_obj.cast<i64_out>();
-      if (!outcome.writeable() || outcome.size() != capacity)
-        throw py::value_error("trim: per-request columns of different sizes, or read-only");
-      if (!tables_in_range(outcome.data(), sl, std::size_t(n), tables))
-        throw py::value_error("survival: calibrator table out of range");
-    }
     raw.assign(n * width, 0.0);
     for (py::ssize_t r = 0; r < n; ++r) {
       const double correction = correction_k > 0 ? (fo[sl[r]] + correction_k) / (fp[sl[r]] + correction_k) : 1.0;
-      const py::ssize_t at = by_outcome ? outcome.data()[sl[r]] * 5 * bins : 0;
-      survival_row(x + o[r], usable[r], ct + at, cs + at, bins, prior_weight, correction_k > 0, correction,
+      survival_row(x + o[r], usable[r], ct, cs, bins, prior_weight, correction_k > 0, correction,
                    surv.data() + r * width, raw.data() + r * width);
     }
   } else {
@@ -442,9 +417,6 @@ py::tuple trim_step(py::object conf_obj, i64 offsets, i64 drafted, py::object hi
     if (with_conf) {
       std::copy(raw.begin() + r * width, raw.begin() + (r + 1) * width, k + sl[r] * positions);
       kl[sl[r]] = len[r];
-      // A request that verifies nothing this step has no last outcome at its next one: without this, one whose
-      // last draft was rejected and whose table then says "draft nothing" would never draft again.
-      if (by_outcome && len[r] == 0) outcome.mutable_data()[sl[r]] = 0;
     } else {
       kl[sl[r]] = -1;
     }
@@ -458,8 +430,12 @@ PYBIND11_MODULE(_walk, m) {
   m.doc() = "The adaptive allocator's ranking walk for one step, its survival input, and the whole trim (see allocator.py, adaptive.py).";
   m.def("calibrated_survival", &calibrated_survival, py::arg("flat"), py::arg("offsets"), py::arg("usable"),
         py::arg("width"), py::arg("cal_trials"), py::arg("cal_successes"), py::arg("prior_weight"),
-        py::arg("correction"), py::arg("tables") = py::none());
-  m.def("trim_step", &trim_step);
+        py::arg("correction"));
+  m.def("trim_step", &trim_step, py::arg("conf"), py::arg("offsets"), py::arg("drafted"), py::arg("history"),
+        py::arg("slots"), py::arg("cal_trials"), py::arg("cal_successes"), py::arg("prior_weight"), py::arg("fit_ok"),
+        py::arg("fit_predicted"), py::arg("correction_k"), py::arg("kept"), py::arg("kept_len"), py::arg("sunk"),
+        py::arg("greedy"), py::arg("min_gain"), py::arg("rate"), py::arg("budget"), py::arg("curve"),
+        py::arg("attention"));
   m.def("ranking", [](std::vector<double> gain) { return descending_stable(gain); },
         "The order the walk reads candidates in: numpy's argsort(-gain, kind='stable') for gains > 0.");
   m.def("walk", &walk, py::arg("survival"), py::arg("lengths"), py::arg("sunk"), py::arg("greedy"),

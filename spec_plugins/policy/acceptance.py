@@ -11,11 +11,7 @@ build, closed-form decay-weighted sums give the same counts up to rounding.
   that moves from copying code to writing new code stops being trusted after a few steps.
 * `ConfidenceCalibrator` -- maps a proposer's own per-token confidence (suffix-tree path
   probabilities, DSpark's confidence head) to an acceptance probability by histogram binning per
-  position bucket; an empty bin trusts the raw confidence, a full one trusts what was observed. With
-  several `tables`, each draft is read from and learnt into the table its caller picks: the adaptive
-  policy (`calibrate_by_outcome`) picks by how the request's last step fared (`draft_outcome`), which the
-  proposer's confidences do not know (a request whose last draft was rejected at its first token is accepted less
-  at the same confidence; docs/notes/results-log.md, "The end-to-end text in the simulator (`e2e_mix`), and calibration by the last outcome").
+  position bucket; an empty bin trusts the raw confidence, a full one trusts what was observed.
 
 An observation is one verified draft: `drafted` tokens offered, `accepted` of them taken. Positions
 0..accepted-1 succeeded, position `accepted` (if drafted) failed, later positions were never tried
@@ -173,81 +169,58 @@ def position_bucket(j: int) -> int:
 _BUCKETS = np.array([position_bucket(j) for j in range(4097)])  # max_positions is at most 4096
 
 
-OUTCOMES = 4  # draft_outcome's values: the calibrator tables of `calibrate_by_outcome`
-
-
-def draft_outcome(drafted: np.ndarray, accepted: np.ndarray) -> np.ndarray:
-    """How each verified draft (drafted > 0) fared: 1 every token accepted, 2 some, 3 none (0: no draft verified
-    yet, the value a request starts with)."""
-    drafted, accepted = np.asarray(drafted), np.asarray(accepted)
-    return np.where(accepted == drafted, 1, np.where(accepted > 0, 2, 3)).astype(np.int64)
-
-
 class ConfidenceCalibrator:
     """Histogram-binned calibration of a proposer's conditional per-token confidences.
 
-    The dense forms take a step's drafts as a [n, K] matrix (row r's first lengths[r] entries count) and,
-    with several `tables`, each row's table (default: table 0). The tables are stacked: trials and
-    successes are [tables * 5, bins], table t in rows 5t..5t+4; each decays only with its own observations.
+    The dense forms take a step's drafts as a [n, K] matrix (row r's first lengths[r] entries count). Trials
+    and successes are [5, bins]: one row per position bucket.
     """
 
-    def __init__(self, bins: int = 20, prior_weight: float = 4.0, decay: float = 0.9999, tables: int = 1) -> None:
+    def __init__(self, bins: int = 20, prior_weight: float = 4.0, decay: float = 0.9999) -> None:
         self.bins = bins
         self.prior_weight = prior_weight
         self.decay = decay
-        self.tables = tables
-        self.trials = np.zeros((5 * tables, bins))
-        self.successes = np.zeros((5 * tables, bins))
+        self.trials = np.zeros((5, bins))
+        self.successes = np.zeros((5, bins))
 
-    def _cells(self, c: np.ndarray, table: np.ndarray | None = None) -> np.ndarray:
-        """Flat (table, position bucket, bin) cell of every entry of a clipped confidence matrix [n, K]."""
+    def _cells(self, c: np.ndarray) -> np.ndarray:
+        """Flat (position bucket, bin) cell of every entry of a clipped confidence matrix [n, K]."""
         b = np.minimum((c * self.bins).astype(np.int64), self.bins - 1)
-        cell = _BUCKETS[: c.shape[1]] * self.bins + b
-        if table is None:
-            return cell
-        table = np.asarray(table, dtype=np.int64)
-        if table.shape != (c.shape[0],) or (len(table) and (table.min() < 0 or table.max() >= self.tables)):
-            raise ValueError(f"calibrator: expected one table in [0, {self.tables}) per draft")
-        return cell + (table * 5 * self.bins)[:, None]
+        return _BUCKETS[: c.shape[1]] * self.bins + b
 
-    def calibrate(self, confidence: Sequence[float], table: int = 0) -> np.ndarray:
+    def calibrate(self, confidence: Sequence[float]) -> np.ndarray:
         """Calibrated conditional acceptance for each drafted position."""
         if len(confidence) == 0:
             return np.zeros(0)
-        return self.calibrate_dense(np.asarray(confidence, dtype=float)[None, :], np.array([table]))[0]
+        return self.calibrate_dense(np.asarray(confidence, dtype=float)[None, :])[0]
 
-    def calibrate_dense(self, confidence: np.ndarray, table: np.ndarray | None = None) -> np.ndarray:
+    def calibrate_dense(self, confidence: np.ndarray) -> np.ndarray:
         """calibrate() of every row of a [n, K] matrix (entries past a draft's end are read but unused)."""
         c = np.clip(np.asarray(confidence, dtype=float), 0.0, 1.0)
-        cell = self._cells(c, table)
+        cell = self._cells(c)
         t, s = self.trials.ravel()[cell], self.successes.ravel()[cell]
         return (s + self.prior_weight * c) / (t + self.prior_weight)
 
-    def observe(self, confidence: Sequence[float], accepted: int, table: int = 0) -> None:
+    def observe(self, confidence: Sequence[float], accepted: int) -> None:
         """One verified draft whose kept positions had these raw confidences."""
         conf = np.asarray(confidence, dtype=float)
-        self.observe_dense(conf[None, :], np.array([len(conf)]), np.array([accepted]), np.array([table]))
+        self.observe_dense(conf[None, :], np.array([len(conf)]), np.array([accepted]))
 
-    def observe_dense(self, confidence: np.ndarray, drafted: np.ndarray, accepted: np.ndarray,
-                      table: np.ndarray | None = None) -> None:
-        """m verified drafts at once: row i's first drafted[i] raw confidences, accepted[i] accepted, learnt into
-        table[i]."""
+    def observe_dense(self, confidence: np.ndarray, drafted: np.ndarray, accepted: np.ndarray) -> None:
+        """m verified drafts at once: row i's first drafted[i] raw confidences, accepted[i] accepted."""
         drafted = np.asarray(drafted, dtype=np.int64)
-        table = np.zeros(len(drafted), dtype=np.int64) if table is None else np.asarray(table, dtype=np.int64)
         keep = drafted > 0
         if not keep.any():
             return
-        confidence, drafted, accepted, table = confidence[keep], drafted[keep], np.asarray(accepted)[keep], table[keep]
+        confidence, drafted, accepted = confidence[keep], drafted[keep], np.asarray(accepted)[keep]
         tried, ok = outcome_masks(drafted, accepted, confidence.shape[1])
-        cell = self._cells(np.clip(confidence, 0.0, 1.0), table).ravel()
-        # Observation i is decayed by the later observations of its own table, as one at a time would be: one
-        # bincount over the stacked cells (a table's sums only ever add its own rows) and a decay per table.
-        mine = table[:, None] == np.arange(self.tables)[None, :]
-        later = (np.cumsum(mine[::-1], axis=0)[::-1] - 1)[np.arange(len(table)), table]
-        weight = np.repeat(self.decay ** later.astype(np.float64), confidence.shape[1])
+        cell = self._cells(np.clip(confidence, 0.0, 1.0)).ravel()
+        m = len(drafted)
+        # Observation i is decayed by the m - 1 - i observations after it, as one at a time would be.
+        weight = np.repeat(self.decay ** np.arange(m - 1, -1, -1, dtype=np.float64), confidence.shape[1])
         add_t = np.bincount(cell, weights=weight * tried.ravel(), minlength=self.trials.size)
         add_s = np.bincount(cell, weights=weight * ok.ravel(), minlength=self.trials.size)
-        scale = np.repeat(self.decay ** mine.sum(axis=0).astype(np.float64), 5)[:, None]
+        scale = self.decay ** np.full((5, 1), float(m))  # every cell decays once per observation
         self.trials[...] = self.trials * scale + add_t.reshape(self.trials.shape)
         self.successes[...] = self.successes * scale + add_s.reshape(self.trials.shape)
 

