@@ -12,7 +12,7 @@ from spec_plugins.bench import policy_sim
 from spec_plugins.bench.host_time import DEFAULT as HOST_DEFAULT, HostTime
 from spec_plugins.cli import main as cli_main
 from spec_plugins.policy import planner
-from spec_plugins.policy.cost import DraftCost, RooflineCost
+from spec_plugins.policy.cost import DraftCost, RooflineCost, step_cost
 from spec_plugins.traces import load_traces
 
 TRACE_FORMAT = "spec-plugins-replay-trace/1"
@@ -185,10 +185,10 @@ def test_simulator_tells_the_policy_each_steps_whole_time(tmp_path):
     from spec_plugins.bench.host_time import EngineHostTime
 
     traces = load_traces([make_trace(tmp_path, max_draft=8)])
-    cost = RooflineCost("h200", "llama-3.1-8b")
-    # 8 ms of engine host time a step, which the cost model leaves out: a verified token is cheaper against the
+    cost = step_cost(profile="vllm-cpu-smollm2-135m")  # a CPU engine: verified tokens dear, the trim at work
+    # 60 ms of engine host time a step, which the cost model leaves out: a verified token is cheaper against the
     # real step than modelled. The default policy learns it from the steps' times; one told nothing does not.
-    engine = EngineHostTime([{"batch": 1, "tokens_per_request": 1, "engine_us": 8000.0}])
+    engine = EngineHostTime([{"batch": 1, "tokens_per_request": 1, "engine_us": 60000.0}])
     fitted = policy_sim.run(traces, cost, [16], 8, 80, 0, engine=engine)["goodput"]
     blind = policy_sim.run(traces, cost, [16], 8, 80, 0, engine=engine,
                            policy_options={"step_overhead": "model"})["goodput"]
