@@ -84,7 +84,9 @@ CONFIGS = {  # name -> (speculative_config, additional_config); "dflash:" / "dsp
     "suffix_tree+ahead+adaptive": ours("suffix_tree", {**AHEAD, **ADAPTIVE}),
     "dflash": ("dflash:", None),
     "dspark": ("dspark:", None),
-    "dspark+adaptive": ("dspark:", {"spec_plugins": ADAPTIVE}),
+    # The random drafter's drafts are rarely accepted, so the default (rightly) keeps few of them; the GPU prior
+    # keeps them long, which is what a lossless check needs.
+    "dspark+adaptive": ("dspark:", {"spec_plugins": ADAPTIVE_H200}),
     "vllm-ngram": (NGRAM, None),
     "vllm-suffix": ({"method": "suffix", "num_speculative_tokens": K}, None),
 }

@@ -73,4 +73,5 @@ def test_engine_host_time_splits_real_steps(tiny_llama):
             assert r[f"{part}_us"] > 0, (part, r)
         assert r["drafting_us"] > 0  # the fixed_draft proposer's propose() ran every step
         assert 0 < r["engine_us"] < r["host_us"] < r["step_us"]
-        assert sum(r[f"{p}_us"] for p in PARTS) == pytest.approx(r["step_us"], rel=0.05)
+        # Each step's parts add up to it exactly; medians of parts only roughly (other tests share the cores).
+        assert sum(r[f"{p}_us"] for p in PARTS) == pytest.approx(r["step_us"], rel=0.25)

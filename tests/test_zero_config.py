@@ -51,6 +51,12 @@ def test_explicit_options_win_over_the_device():
     assert isinstance(measured.cost, MeasuredCost) and measured.cost_source == f"profile {CPU_PRIOR!r}"
 
 
+def test_an_explicit_model_config_wins_over_the_engines_model():
+    policy = create_policy("adaptive", {"model_config": "llama-3.1-8b"})
+    policy.bind_model(SMOLLM2, device="cpu")  # the engine binds its own model and its device afterwards
+    assert policy._engine[0].hidden == 4096 and policy._engine[1] == "cpu"
+
+
 def test_gpus_by_name_pick_the_shipped_profiles():
     assert named_gpu("NVIDIA H100 80GB HBM3") == "h100" and named_gpu("NVIDIA H100 NVL") == "h100"
     assert named_gpu("NVIDIA H200") == "h200" and named_gpu("NVIDIA B200") == "b200"

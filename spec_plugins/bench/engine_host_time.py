@@ -123,7 +123,7 @@ class Timers:
         return timed
 
 
-def _measure_child(conn: Any, model: str, draft: int, batches: list[int], steps: int, dtype: str) -> None:
+def _measure_child(conn: Any, model: str, draft: int, batches: list[int], steps: int, dtype: str, vocab: int) -> None:
     try:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         timers = Timers()
@@ -138,7 +138,8 @@ def _measure_child(conn: Any, model: str, draft: int, batches: list[int], steps:
         params = SamplingParams(max_tokens=steps + 8, temperature=0.0, ignore_eos=True)
         rows = []
         for b in batches:
-            prompts = [{"prompt_token_ids": [100 + (31 * i + 7 * j) % 4000 for j in range(64)]} for i in range(b)]
+            prompts = [{"prompt_token_ids": [4 + (31 * i + 7 * j) % (min(vocab, 4000) - 4) for j in range(64)]}
+                       for i in range(b)]
             llm.generate(prompts, SamplingParams(max_tokens=4, temperature=0.0), use_tqdm=False)  # warm this shape
             timers.steps.clear()
             llm.generate(prompts, params, use_tqdm=False)
@@ -162,6 +163,7 @@ def measure(model: str, drafts: list[int], batches: list[int], steps: int, dtype
     from spec_plugins.bench.profile import _cpu_kv_cache
 
     cfg = json.loads((Path(model) / "config.json").read_text())
+    vocab = int(cfg.get("text_config", cfg)["vocab_size"])
     env = _cpu_kv_cache(cfg, dtype, max(batches) * (64 + steps + 16) * (1 + max(drafts)), None)
     rows: list[dict] = []
     ctx = mp.get_context("spawn")
@@ -170,7 +172,8 @@ def measure(model: str, drafts: list[int], batches: list[int], steps: int, dtype
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         try:
-            proc = ctx.Process(target=_measure_child, args=(child, model, draft, batches, steps, dtype), daemon=True)
+            proc = ctx.Process(target=_measure_child, args=(child, model, draft, batches, steps, dtype, vocab),
+                               daemon=True)
             proc.start()
         finally:
             for k, v in saved.items():

@@ -158,6 +158,8 @@ class AdaptiveLength:
         if isinstance(model, dict):
             model = ModelDescriptor.from_config(model, source=source)
         if self.options.hardware is None:
+            if self._engine is not None and self.options.model_config_path is not None:
+                model = self._engine[0]  # the options' model_config wins over the engine's model
             self._engine = (model, device)
             return
         self.cost = step_cost(hardware=self.options.hardware, model=model, dtype=self.options.dtype,
