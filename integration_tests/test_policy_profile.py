@@ -62,7 +62,7 @@ def test_profile_records_the_model_shape_and_refuses_another_model(tiny_llama, t
 
 
 def test_engine_host_time_splits_real_steps(tiny_llama):
-    from spec_plugins.bench.engine_host_time import PARTS, measure
+    from spec_plugins.bench.engine_host_time import measure
 
     rows = measure(tiny_llama, drafts=[0, 2], batches=[1, 3], steps=8, dtype="float32")
     assert [(r["draft"], r["batch"]) for r in rows] == [(0, 1), (0, 3), (2, 1), (2, 3)]
@@ -73,5 +73,3 @@ def test_engine_host_time_splits_real_steps(tiny_llama):
             assert r[f"{part}_us"] > 0, (part, r)
         assert r["drafting_us"] > 0  # the fixed_draft proposer's propose() ran every step
         assert 0 < r["engine_us"] < r["host_us"] < r["step_us"]
-        # Each step's parts add up to it exactly; medians of parts only roughly (other tests share the cores).
-        assert sum(r[f"{p}_us"] for p in PARTS) == pytest.approx(r["step_us"], rel=0.25)
