@@ -123,9 +123,10 @@ class Timers:
         return timed
 
 
-def _measure_child(conn: Any, model: str, draft: int, batches: list[int], steps: int, dtype: str, vocab: int) -> None:
+def _measure_child(conn: Any, model: str, draft: int, batches: list[int], steps: int, dtype: str, vocab: int,
+                   env: dict[str, str]) -> None:
     try:
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ.update({**env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})  # before vLLM is imported
         timers = Timers()
         timers.install()
         from vllm import LLM, SamplingParams
@@ -169,18 +170,9 @@ def measure(model: str, drafts: list[int], batches: list[int], steps: int, dtype
     ctx = mp.get_context("spawn")
     for draft in drafts:
         parent, child = ctx.Pipe()
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            proc = ctx.Process(target=_measure_child, args=(child, model, draft, batches, steps, dtype, vocab),
-                               daemon=True)
-            proc.start()
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+        proc = ctx.Process(target=_measure_child, args=(child, model, draft, batches, steps, dtype, vocab, env),
+                           daemon=True)
+        proc.start()
         while True:
             kind, payload = parent.recv()
             if kind == "row" and on_row is not None:
