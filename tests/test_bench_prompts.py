@@ -29,16 +29,38 @@ def test_interleaved_takes_each_set_in_turn_until_it_runs_out():
     assert interleaved([]) == []
 
 
-SPEC_BENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
+def write_spec_bench(path: Path, turns: list[str]) -> Path:
+    """A Spec-Bench `question.jsonl` in its own format: one JSON object a line, the first turn the prompt."""
+    rows = [{"question_id": 100 + i, "category": "writing", "turns": [t, "a second turn, never sent"]}
+            for i, t in enumerate(turns)]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")  # a trailing blank line is skipped
+    return path
 
 
-@pytest.mark.skipif(not SPEC_BENCH.exists(), reason=f"Spec-Bench questions not found at {SPEC_BENCH}")
-def test_e2e_mix_workload_holds_the_prompts_policy_e2e_sends():
+def test_spec_bench_sends_each_questions_first_turn_and_picks_ids(tmp_path):
+    questions = write_spec_bench(tmp_path / "question.jsonl", ["first?", "second?", "third?"])
+    assert spec_bench(questions) == ["first?", "second?", "third?"]
+    assert spec_bench(questions, ids=[102, 100]) == ["third?", "first?"]
+    with pytest.raises(ValueError, match=r"spec_bench ids: \[7\] not found"):
+        spec_bench(questions, ids=[100, 7])
+    # The demo interleaves the given questions with the code rewrites.
+    assert demo_prompts(questions)[:4] == ["first?", code_rewrites()[0], "second?", code_rewrites()[1]]
+
+
+def test_e2e_mix_workload_holds_the_prompts_policy_e2e_sends(tmp_path):
     """benchmarks/workloads/e2e_mix.jsonl is the text policy_e2e's engines verify: its prompts are policy_e2e's
-    list for the shipped workloads, in order (a change to either shows here)."""
+    list for the shipped workloads and Spec-Bench, interleaved in that order (a change to either shows here). The
+    full Spec-Bench file is not in the repository: its questions here are the mix's own rows that come from
+    neither workload, so what is checked is that each workload's prompts are all there, in order, where
+    policy_e2e's interleaving puts them."""
     workloads = Path(__file__).resolve().parents[1] / "benchmarks" / "workloads"
     rows = [json.loads(line) for line in (workloads / "e2e_mix.jsonl").read_text().splitlines()]
-    sent = interleaved([workload_prompts(workloads / "code_completion.jsonl"),
-                        workload_prompts(workloads / "code_edits.jsonl"), spec_bench(SPEC_BENCH)])
+    completion = workload_prompts(workloads / "code_completion.jsonl")
+    edits = workload_prompts(workloads / "code_edits.jsonl")
+    known = set(completion) | set(edits)
+    questions = write_spec_bench(tmp_path / "question.jsonl", [r["prompt"] for r in rows if r["prompt"] not in known])
+    sent = interleaved([completion, edits, spec_bench(questions)])
     assert [r["prompt"] for r in rows] == sent[: len(rows)]
+    assert {r["prompt"] for r in rows} & set(completion) and {r["prompt"] for r in rows} & set(edits)
+    assert spec_bench(questions)  # all three sets reach the mix
     assert len(rows) >= 44 and all(r["chat"] and r["response"] for r in rows)  # one policy_e2e round: 4 + 8 + 32
