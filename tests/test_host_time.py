@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 from spec_plugins.bench.host_time import BASE_TOKENS, DEFAULT, GROWTH, HostTime
@@ -37,20 +36,48 @@ def test_growth_scales_the_base_time_along_the_measured_tokens():
     assert host.seconds("adaptive", 256, 14.5) == host.seconds("adaptive", 256) == pytest.approx(600e-6)
 
 
-def test_the_shipped_measurements_charge_appends_to_the_suffix_trees_not_to_the_ngram_scan():
-    tree, ngram, arctic = (HostTime.load(DEFAULT, p, GROWTH) for p in ("suffix_tree", "ngram", "arctic"))
-    assert tree.growth_sources == [str(g) for g in GROWTH]
-    for host, policy, times in ((tree, "fixed", 5), (tree, "adaptive", 5), (arctic, "fixed", 3)):
-        at = [host.seconds(policy, 256, t) for t in (2.5, 5.0, 9.5, 15.0)]
-        assert all(np.diff(at) > 0) and at[-1] > times * at[0]  # rewrites: many times the 1-4-token step
-    scan = [ngram.seconds("fixed", 256, t) for t in (2.5, 15.0)]
-    assert scan[1] < 1.5 * scan[0]
-    assert HostTime.load(DEFAULT, "suffix_tree").seconds("fixed", 256, 15.0) == tree.seconds("fixed", 256)
+def write_measurement(path, data: list[dict], as_list: bool = False):
+    """A step_overhead --json measurement: {"rows": [...]} (or the bare list of rows, which is also read)."""
+    path.write_text(json.dumps(data if as_list else {"rows": data}))
+    return path
 
 
-def test_simulator_charges_more_host_time_when_more_is_accepted(tmp_path):
-    """The same trace with every draft accepted against almost none: with growth the accepted-heavy steps pay
-    the suffix tree's appends, so the gap between the two is larger than without."""
+def test_load_reads_a_measurement_and_its_growth_files(tmp_path):
+    base = write_measurement(tmp_path / "base.json", rows("tree fixed", {1: 10.0, 256: 400.0})
+                             + rows("tree adaptive", {1: 20.0, 256: 600.0})
+                             + rows("vLLM suffix (ArcticInference)", {1: 50.0, 256: 900.0}))
+    growth = write_measurement(tmp_path / "growth.json", rows("tree fixed", {256: 4000.0}, tokens=14.5), as_list=True)
+    host = HostTime.load(base, "tree", [growth])
+    assert host.growth_sources == [str(growth)] and host.source == str(base)
+    assert host.seconds("fixed", 256) == pytest.approx(400e-6) and host.seconds("adaptive", 1) == pytest.approx(20e-6)
+    assert host.seconds("fixed", 256, 14.5) == pytest.approx(4000e-6)
+    assert HostTime.load(base, "tree").seconds("fixed", 256, 14.5) == pytest.approx(400e-6)  # no growth: base
+    # An engine's own proposer reads its named rows, and has only a fixed path.
+    arctic = HostTime.load(base, "arctic")
+    assert arctic.seconds("fixed", 256) == pytest.approx(900e-6)
+    with pytest.raises(ValueError, match="runs no adaptive policy"):
+        arctic.seconds("adaptive", 1)
+    with pytest.raises(ValueError, match=r"no rows for 'ngram fixed'; it has tree adaptive, tree fixed"):
+        HostTime.load(base, "ngram")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ValueError, match="cannot read a step_overhead JSON"):
+        HostTime.load(tmp_path / "bad.json", "tree")
+
+
+def test_the_shipped_measurements_load_for_every_proposer_the_simulator_names():
+    """The committed measurements are the simulator's defaults: each parses and has every proposer's rows."""
+    from spec_plugins.bench.host_time import ENGINE_DEFAULT, ENGINE_ROWS, EngineHostTime
+
+    for proposer in ("suffix_tree", "ngram", *ENGINE_ROWS):
+        host = HostTime.load(DEFAULT, proposer, GROWTH)
+        assert host.seconds("fixed", 64, 9.5) > 0
+    assert EngineHostTime.load(ENGINE_DEFAULT).seconds(64, 4.0) > 0
+
+
+def test_simulator_charges_host_time_by_the_tokens_each_step_appends(tmp_path):
+    """The same trace with every draft accepted: static_8 appends 9 tokens a step, static_0 one. Against the base
+    measurement alone, a host time that is 10x at 9 tokens and 0.5x at 1 token lowers static_8's goodput and raises
+    static_0's; a growth curve at 1x everywhere changes nothing."""
     from spec_plugins.bench import policy_sim
     from spec_plugins.policy.cost import DraftCost, RooflineCost
     from spec_plugins.traces import load_traces
@@ -59,18 +86,25 @@ def test_simulator_charges_more_host_time_when_more_is_accepted(tmp_path):
     cost = RooflineCost("h200", "llama-3.1-8b", drafter=DraftCost(kind="model_free", per_request_us=0.0))
     path = make_trace(tmp_path, max_draft=8)
     doc = json.loads(path.read_text())
-    doc["proposer"] = "suffix_tree"
     for r in doc["requests"]:
         for s in r["steps"]:
             s.update(drafted=8, accepted=8, confidence=[0.95] * 8)
     path.write_text(json.dumps(doc))
     traces = load_traces([path])
-    plain = HostTime.load(DEFAULT, "suffix_tree")
-    grown = HostTime.load(DEFAULT, "suffix_tree", GROWTH)
-    g_plain = policy_sim.run(traces, cost, [256], 8, 20, 0, host=plain)["goodput"]
-    g_grown = policy_sim.run(traces, cost, [256], 8, 20, 0, host=grown)["goodput"]
-    assert g_grown["static_8"][0] < 0.98 * g_plain["static_8"][0]  # 9 tokens a step appended: more host time
-    assert g_grown["static_0"][0] >= g_plain["static_0"][0]  # 1 token a step: less than the 1-4-token base
+    base_us = {1: 200.0, 256: 2000.0}
+    base = rows("p fixed", base_us) + rows("p adaptive", base_us)
+    grows = [r for t, x in ((1.0, 0.5), (9.0, 10.0)) for p in ("p fixed", "p adaptive")
+             for r in rows(p, {b: x * us for b, us in base_us.items()}, tokens=t)]
+    flat = [r for t in (1.0, 9.0) for p in ("p fixed", "p adaptive") for r in rows(p, base_us, tokens=t)]
+
+    def goodput(growth_rows):
+        host = HostTime(base, "p", growth_rows=growth_rows)
+        return policy_sim.run(traces, cost, [256], 8, 20, 0, host=host)["goodput"]
+
+    plain, grown = goodput(()), goodput(grows)
+    assert grown["static_8"][0] < 0.9 * plain["static_8"][0]  # 9 tokens a step appended: 10x the host time
+    assert grown["static_0"][0] > plain["static_0"][0]  # 1 token a step: half the base's host time
+    assert goodput(flat) == plain
 
 
 def test_engine_host_time_interpolates_by_batch_and_tokens():
