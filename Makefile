@@ -24,4 +24,4 @@ test: setup setup-gpu-path
 	$(PY) -m pytest -q -rs --timeout=1200 -n $(PYTEST_WORKERS) --durations=15
 
 unit: setup
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -rs tests
