@@ -24,10 +24,12 @@ def test_step_overhead_measures_every_proposer_and_writes_host_time(tmp_path, ca
     assert names == {"suffix_tree fixed", "suffix_tree adaptive", "ngram fixed", "ngram adaptive",
                      "suffix_tree fixed + ahead", "suffix_tree adaptive + ahead",
                      "vLLM suffix (ArcticInference)", "vLLM ngram (numba)"}
+    suffix = {r["batch"]: r["us_per_step"] for r in doc["rows"] if r["proposer"] == "vLLM suffix (ArcticInference)"}
+    assert sorted(suffix) == [1, 3]
     for r in doc["rows"]:
         assert r["us_per_step"] > 0 and r["us_per_request"] == pytest.approx(r["us_per_step"] / r["batch"])
-        if r["proposer"].startswith("vLLM suffix"):
-            assert r["vs_vllm_suffix"] == 1.0
+        # Each proposer against vLLM's suffix proposer at the same batch size.
+        assert r["vs_vllm_suffix"] == pytest.approx(r["us_per_step"] / suffix[r["batch"]])
         # What appending ahead leaves running when propose() returns is timed apart, for those rows only.
         assert (r["ahead_wait_us"] is not None) == r["proposer"].endswith("+ ahead")
         # Ours split off the proposer's own call, a part of the whole step; vLLM's proposers have no such part.
@@ -35,6 +37,7 @@ def test_step_overhead_measures_every_proposer_and_writes_host_time(tmp_path, ca
             assert r["proposer_us"] is None and r["proposer_vs_vllm_suffix"] is None
         else:
             assert 0 < r["proposer_us"] < r["us_per_step"]
+            assert r["proposer_vs_vllm_suffix"] == pytest.approx(r["proposer_us"] / suffix[r["batch"]])
     assert "x vLLM suffix" in capsys.readouterr().out
     host = HostTime.load(out, "suffix_tree")
     # Interpolated between the measured sizes, per request beyond the largest.
