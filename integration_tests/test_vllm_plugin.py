@@ -176,7 +176,9 @@ def test_vllm_serve_ids_reach_the_worker_and_drained_requests_are_freed(tiny_lla
         # stale_steps, so a request left unfreed would show up as "stale" below.
         server.post("/v1/completions", {"model": tiny_llama, "prompt": [7, 300, 12, 450], "max_tokens": 100,
                                         "temperature": 0, "ignore_eos": True})
+        counts = server.spec_decode_counts()
     proc = server.proc
+    assert counts["drafts"] > 0 and counts["accepted"] > 0, counts  # speculation ran in the served engine
     assert served == baseline["texts"]  # lossless through the server too
 
     steps, finishes = _read_trace(trace)
