@@ -172,6 +172,7 @@ def test_faults_leave_the_server_serving_and_nothing_tracked(requests, matrix_mo
         alive = Load(server.url, model, seed=3)
         alive.stream(0, None)  # still serving
         served_log = log.read_text(errors="replace")  # before shutdown, whose own lines are vLLM's to judge
+        spec_counts = server.spec_decode_counts()  # vLLM's own counters: drafts made and accepted
     errors = [line for line in served_log.splitlines() if " ERROR " in line or line.startswith("Traceback")]
     figures = {**load.counts, "requests": requests, "clients": CLIENTS,
                "wrong_answers": sum(1 for i, tokens in load.answers if tokens != want[i]),
@@ -180,6 +181,7 @@ def test_faults_leave_the_server_serving_and_nothing_tracked(requests, matrix_mo
                "rss_warm_mib": round(rss_warm / 2**20, 1), "rss_after_mib": round(rss_after / 2**20, 1),
                "rss_by_part_mib": rss_by_part,
                "server_error_lines": len(errors), "drafts": sum(1 for e in at_rest if any(e.get("drafted", ()))),
+               "vllm_spec_decode": spec_counts,
                "seconds": round(time.monotonic() - start, 1)}
     if os.environ.get("SPEC_PLUGINS_FAULT_REPORT"):
         Path(os.environ["SPEC_PLUGINS_FAULT_REPORT"]).write_text(json.dumps(figures, indent=1) + "\n")
@@ -188,7 +190,8 @@ def test_faults_leave_the_server_serving_and_nothing_tracked(requests, matrix_mo
     assert load.counts["cancelled"] > requests // 5 and load.counts["refused"] > 0, figures
     assert figures["wrong_answers"] == 0, figures
     assert alive.counts["completed"] == 1, alive.failures
-    assert figures["drafts"] > 0, "speculation did not run"
+    assert figures["drafts"] > 0 and spec_counts["drafts"] > 0, "speculation did not run"
+    assert spec_counts["accepted"] > 0, figures  # and its drafts were accepted
     assert figures["tracked_after_load"] == 0, figures
     assert rss_after <= 1.05 * rss_warm, figures
     assert errors == [], errors[:5]
