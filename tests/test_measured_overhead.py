@@ -96,6 +96,8 @@ def test_a_measured_offset_over_the_model_keeps_longer_drafts():
     assert policy.measured_overhead_s == pytest.approx(0.040, rel=0.02)
     stats = DraftingLayer(Repeat(), policy).policy_stats()  # what the vLLM adapter's trace lines carry
     assert stats["step_offset_ms"] == pytest.approx(40.0, rel=0.02) and stats["step_fits"] > 19
+    lengths = one_step(policy, seed=7)
+    assert policy.stats()["modelled_ms"] == pytest.approx(1e3 * policy.cost.step_time(lengths, np.full(8, 100)))
     assert one_step(policy).sum() > kept_model  # the same tokens are cheaper against a longer step
 
 

@@ -7,7 +7,10 @@
 One engine per configuration (no speculation, each static K, the adaptive policy with K as its cap,
 optionally vLLM's native methods at their own K), all alive at once and timed in turns, so every ratio comes from
 one run on one machine state. At concurrency c the engine gets c prompts in one `generate` call (c = 1:
-`--sequential` prompts one after another).
+`--sequential` prompts one after another). With `--requests-per-client N` > 1, c clients each send N prompts one
+after another instead, the engine holding at most c requests (as `vllm bench serve --max-concurrency c` runs):
+a request that finishes early frees its place for the next, where in one call of c prompts the batch only drains
+and the slowest request sets the time.
 
 Rounds are replicates: each round starts every engine afresh, warms it up on a batch of its own, takes the
 engines in a rotated order, and runs the same prompts as every other round; within a round each concurrency level
@@ -81,8 +84,11 @@ def warm_prompts(n: int, length: int = 64) -> list[list[int]]:
     return [[100 + (37 * i + 11 * j) % 4000 for j in range(length)] for i in range(n)]
 
 
-def timed(engine: Engine, prompts: list, max_tokens: int, concurrency: int) -> RunResult:
-    """One round at `concurrency`: all prompts in one call, or one by one at concurrency 1."""
+def timed(engine: Engine, prompts: list, max_tokens: int, concurrency: int, clients: bool = False) -> RunResult:
+    """One round at `concurrency`: all prompts in one call, one by one at concurrency 1, or (clients) at most
+    `concurrency` in the engine at once."""
+    if clients:
+        return engine.generate(prompts, max_tokens, max_in_flight=concurrency)
     if concurrency > 1:
         return engine.generate(prompts, max_tokens)
     return concat([engine.generate([p], max_tokens) for p in prompts])
@@ -106,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--native-k", default="8", help="draft lengths of the native methods (comma-separated)")
     ap.add_argument("--concurrency", default="1,8,32")
     ap.add_argument("--sequential", type=int, default=4, help="prompts run one by one at concurrency 1")
+    ap.add_argument("--requests-per-client", type=int, default=1,
+                    help="N > 1: c clients send N prompts each, at most c in the engine at once (default 1: the c "
+                         "prompts in one call)")
     ap.add_argument("--workload", action="append", help="replay workload JSONL(s) whose prompts to use")
     ap.add_argument("--spec-bench", help="also the first-turn prompts of a Spec-Bench question.jsonl")
     ap.add_argument("--max-tokens", type=int, default=128)
@@ -128,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--static-k/--adaptive-k: expected integers >= 1")
         if not conc or min(conc) < 1:
             raise ValueError(f"--concurrency: expected integers >= 1, got {args.concurrency!r}")
+        if args.requests_per_client < 1:
+            raise ValueError(f"--requests-per-client: expected an integer >= 1, got {args.requests_per_client}")
+        clients = args.requests_per_client > 1
         natives = [m.strip() for m in args.native.split(",") if m.strip()]
         if not static_k and not natives:
             raise ValueError("--static-k: expected integers >= 1 (none is allowed only beside --native)")
@@ -157,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
 
             sets.append(spec_bench(args.spec_bench))
         prompts = interleaved(sets) or demo_prompts(None)
-        per_round = [args.sequential if c == 1 else c for c in conc]
+        per_round = [c * args.requests_per_client if clients else args.sequential if c == 1 else c for c in conc]
         need = (args.repeats if args.keep_engines else 1) * sum(per_round)
         if len(prompts) < need:
             raise ValueError(f"prompts: {args.repeats} rounds at concurrency {args.concurrency} need {need} distinct "
@@ -203,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
                     batch, cursor = prompts[cursor: cursor + n], cursor + n
                     for name in order:
                         status.update(f"round {r + 1}/{args.repeats}, concurrency {c}: {name}")
-                        rounds[name][c].append(timed(engines[name], batch, args.max_tokens, c))
+                        rounds[name][c].append(timed(engines[name], batch, args.max_tokens, c, clients))
     finally:
         close_all()
 
@@ -222,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
             })
     out = Console(width=140)
     for c in conc:
-        t = Table(title=f"vLLM, {Path(model).name}, greedy, concurrency {c}, {args.max_tokens} tokens/prompt")
+        how = f", {args.requests_per_client} requests per client" if clients else ""
+        t = Table(title=f"vLLM, {Path(model).name}, greedy, concurrency {c}{how}, {args.max_tokens} tokens/prompt")
         cr = [r for r in rows if r["concurrency"] == c]
         # Ratios compare medians of the rounds: one slow round on a shared machine moves a median least.
         med = "median_tokens_per_s"

@@ -96,19 +96,24 @@ class Engine:
         self._expect("ready")
 
     def generate(self, prompts: list[Any] | None = None, max_tokens: int | None = None,
-                 params: list[dict] | None = None, detail: bool = False) -> RunResult:
+                 params: list[dict] | None = None, detail: bool = False,
+                 max_in_flight: int | None = None) -> RunResult:
         """Generate for the spec's prompts and max_tokens, or for these instead (same engine).
 
+        max_in_flight: at most this many requests in the engine at once, the next prompt submitted as one
+        finishes (closed-loop clients, as `vllm bench serve --max-concurrency` runs); None: all at once.
         params: one dict of `SamplingParams` fields per prompt (e.g. temperature, seed), over the spec's
         defaults; greedy and sampled requests can share one batch this way. A `structured_outputs` dict
         becomes vLLM's `StructuredOutputsParams`.
         detail: fill `RunResult.details`; and a call vLLM refuses (bad sampling parameters) comes back as a
         result whose `error` is vLLM's message, with the engine still serving."""
-        if prompts is None and max_tokens is None and params is None and not detail:
+        if max_in_flight is not None and max_in_flight < 1:
+            raise ValueError(f"max_in_flight: expected an integer >= 1, got {max_in_flight!r}")
+        if prompts is None and max_tokens is None and params is None and not detail and max_in_flight is None:
             self._conn.send("generate")
         else:
             self._conn.send(("generate", {"prompts": prompts, "max_tokens": max_tokens, "params": params,
-                                          "detail": detail}))
+                                          "detail": detail, "max_in_flight": max_in_flight}))
         return RunResult(**self._expect("result"))
 
     def close(self) -> None:
@@ -247,7 +252,9 @@ def _serve(conn: Any, spec_dict: dict, log_path: str) -> None:
                 before = _spec_metrics(llm)
                 steps.clear()
                 start = time.perf_counter()
-                outputs = llm.generate(prompts, params, use_tqdm=False)
+                limit = overrides.get("max_in_flight") if overrides else None
+                outputs = llm.generate(prompts, params, use_tqdm=False) if limit is None else \
+                    _generate_in_flight(llm, prompts, params, limit)
             except Exception as exc:
                 if not (detail and _refused(exc)):
                     raise
@@ -272,6 +279,29 @@ def _serve(conn: Any, spec_dict: dict, log_path: str) -> None:
             causes.append(f"{type(e).__name__}: {e}")
             e = e.__cause__ or e.__context__
         conn.send(("error", " <- ".join(causes)))
+
+
+def _generate_in_flight(llm: Any, prompts: list, params: Any, limit: int) -> list:
+    """llm.generate with at most `limit` requests in the engine: the next prompt joins as one finishes."""
+    engine = llm.llm_engine
+    params = params if isinstance(params, list) else [params] * len(prompts)
+    tag = f"in-flight-{time.monotonic_ns()}-"  # request ids unique across calls
+    outputs: list[Any] = [None] * len(prompts)
+    queued = iter(range(len(prompts)))
+
+    def submit() -> None:
+        i = next(queued, None)
+        if i is not None:
+            engine.add_request(f"{tag}{i}", prompts[i], params[i])
+
+    for _ in range(min(limit, len(prompts))):
+        submit()
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                outputs[int(out.request_id.removeprefix(tag))] = out
+                submit()
+    return outputs
 
 
 def _refused(exc: Exception) -> bool:
