@@ -16,7 +16,7 @@ from typing import Any, Hashable, Protocol, Sequence, runtime_checkable
 import numpy as np
 import pydantic
 
-from spec_plugins import _columns  # compiled with the package (setup.py)
+from spec_plugins import _contract  # compiled with the package (setup.py)
 
 ReqId = Hashable
 
@@ -90,7 +90,7 @@ class DraftBatch:
         elif len(self.contexts) != n:
             raise ValueError(f"DraftBatch.contexts: expected {n} sequences, got {len(self.contexts)}")
         # Columns that already are int64 vectors (what the drafting layer builds) are checked as they are.
-        if not _columns.batch_columns(n, self.context_lens, self.num_new, self.max_draft, self.rows, height, width):
+        if not _contract.batch_columns(n, self.context_lens, self.num_new, self.max_draft, self.rows, height, width):
             for name in ("context_lens", "num_new", "max_draft"):
                 col = np.asarray(getattr(self, name))
                 if col.shape != (n,) or (n and col.dtype.kind not in "iu"):
@@ -100,7 +100,7 @@ class DraftBatch:
                 self.rows = np.ascontiguousarray(self.rows, dtype=np.int64)
                 if self.rows.shape != (n,):
                     raise ValueError("DraftBatch.rows: expected one row index per request into a 2-D token matrix")
-            _columns.check_batch(self.context_lens, self.num_new, self.max_draft, self.rows, height, width)
+            _contract.check_batch(self.context_lens, self.num_new, self.max_draft, self.rows, height, width)
         if self.features is not None and len(self.features) != n:
             raise ValueError(f"DraftBatch.features: expected {n} entries, got {len(self.features)}")
 
@@ -151,7 +151,7 @@ class BatchDrafts:
         if type(self.tokens) is not np.ndarray:
             self.tokens = np.asarray(self.tokens)
         self.offsets = np.ascontiguousarray(self.offsets, dtype=np.int64)
-        self.lengths = _columns.draft_lengths(self.offsets, len(self.tokens))
+        self.lengths = _contract.draft_lengths(self.offsets, len(self.tokens))
         if self.confidence is not None:
             if type(self.confidence) is not np.ndarray or self.confidence.dtype != np.float64:
                 self.confidence = np.asarray(self.confidence, dtype=np.float64)
@@ -166,7 +166,7 @@ class BatchDrafts:
 
     def lists(self) -> list[list[int]]:
         """Each request's draft as a list of Python ints (what vLLM and TensorRT-LLM take)."""
-        return _columns.draft_lists(np.ascontiguousarray(self.tokens), self.offsets)
+        return _contract.draft_lists(np.ascontiguousarray(self.tokens), self.offsets)
 
     def draft(self, i: int) -> Draft:
         a, b = int(self.offsets[i]), int(self.offsets[i + 1])
@@ -196,7 +196,7 @@ class BatchDrafts:
 
     def truncated(self, keep: np.ndarray) -> "BatchDrafts":
         """The first keep[i] tokens of each draft (never more than it has)."""
-        cut = _columns.cut_drafts(self.offsets, np.ascontiguousarray(keep, dtype=np.int64))
+        cut = _contract.cut_drafts(self.offsets, np.ascontiguousarray(keep, dtype=np.int64))
         if cut is None:
             return self
         index, offsets = cut

@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from spec_plugins import _columns
+from spec_plugins import _ledger
 from spec_plugins.core import (
     BatchDrafts, BatchPolicy, BatchProposer, BindsModel, DraftBatch, DraftLengthPolicy, DraftRequest, HasStats,
     FixedLength, LoadsTarget, ObservesStepTime, Proposer, ReqId, RunsBesideEngine, TrimsDrafts, apply_policy,
@@ -167,7 +167,7 @@ class DraftingLayer:
         ledger = self._ledger
         cols = ledger.columns
         try:  # the usual step, every request known: the whole ledger step in one compiled call
-            known = _columns.ledger_step(ledger.index, req_ids, self.step_count, lens, num_new, accepted,
+            known = _ledger.ledger_step(ledger.index, req_ids, self.step_count, lens, num_new, accepted,
                                          cols["last_step"], cols["seen_len"], cols["drafted"])
         except ValueError as exc:
             raise ValueError(f"{self.who}: {exc}") from None
@@ -179,9 +179,9 @@ class DraftingLayer:
                 raise ValueError(f"{self.who}: a request id appears twice in one step")
             slots, new = ledger.lookup(req_ids)
             # Each draft is reported once (see verified).
-            reports = None if accepted is None else _columns.ledger_reports(req_ids, slots, accepted, cols["drafted"])
+            reports = None if accepted is None else _ledger.ledger_reports(req_ids, slots, accepted, cols["drafted"])
             # First sight, or a context that shrank (recomputed): the whole context is new.
-            grown = _columns.ledger_seen(slots, new, self.step_count, lens, num_new, cols["last_step"],
+            grown = _ledger.ledger_seen(slots, new, self.step_count, lens, num_new, cols["last_step"],
                                          cols["seen_len"])
         if self._times_steps:
             self._time_step(n, new, present)
@@ -215,7 +215,7 @@ class DraftingLayer:
             req_ids = [r for r, k in zip(req_ids, known) if k]
             slots, accepted = slots[known], accepted[known]
         # Each draft is reported once, with what was accepted capped at what was drafted.
-        ids, drafted, acc = _columns.ledger_reports(req_ids, slots, accepted, self._ledger["drafted"])
+        ids, drafted, acc = _ledger.ledger_reports(req_ids, slots, accepted, self._ledger["drafted"])
         if ids:
             self._report(ids, drafted, acc)
 
@@ -307,7 +307,7 @@ class DraftingLayer:
             raise ValueError(f"{self.who}: propose_batch returned {type(drafts).__name__}, expected BatchDrafts")
         if len(drafts.offsets) != len(batch.req_ids) + 1:
             raise ValueError(f"{self.who}: returned {len(drafts)} drafts for {len(batch)} requests")
-        i = _columns.first_over(drafts.lengths, batch.max_draft)
+        i = _ledger.first_over(drafts.lengths, batch.max_draft)
         if i >= 0:
             raise ValueError(f"{self.who}: draft for request {batch.req_ids[i]!r} has {drafts.lengths[i]} tokens, "
                              f"cap is {batch.max_draft[i]}")

@@ -15,7 +15,7 @@ from typing import Any, Hashable, Iterator, Sequence
 
 import numpy as np
 
-from spec_plugins import _columns
+from spec_plugins import _ledger
 
 
 class RequestSlots:
@@ -64,7 +64,7 @@ class RequestSlots:
 
     def lookup(self, req_ids: Sequence[Hashable], create: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """(slots, new): each id's slot (-1 for an unknown id when create=False) and which were created."""
-        slots, unknown = _columns.lookup_slots(self._index, req_ids)
+        slots, unknown = _ledger.lookup_slots(self._index, req_ids)
         if not create or not unknown:
             return slots, np.zeros(len(slots), dtype=bool)
         new = slots < 0
@@ -73,7 +73,7 @@ class RequestSlots:
 
     def slots_of(self, req_ids: Sequence[Hashable], create: bool = True) -> np.ndarray:
         """`lookup`'s slots alone (what a step that does not ask which ids are new needs)."""
-        slots, unknown = _columns.lookup_slots(self._index, req_ids)
+        slots, unknown = _ledger.lookup_slots(self._index, req_ids)
         if create and unknown:
             self._add_new(req_ids, slots, slots < 0)
         return slots

@@ -102,15 +102,15 @@ def test_vectorised_costs_match_the_scalar_ones():
 
 @pytest.fixture(params=["compiled", "numpy"])
 def observe_path(request, monkeypatch):
-    """Both ways the policy runs: compiled (policy/_observe.cpp updates, policy/_walk.cpp survival and walk)
+    """Both ways the policy runs: compiled (policy/_observe.cpp updates, policy/_trim.cpp survival and walk)
     and numpy only."""
     from spec_plugins.policy import acceptance, adaptive, allocator
 
     if request.param == "compiled":
-        assert acceptance._observe is not None and allocator._walk is not None, "the policy's C++ is not built"
+        assert acceptance._observe is not None and allocator._trim is not None, "the policy's C++ is not built"
     else:
-        for module, name in ((acceptance, "_observe"), (adaptive, "_observe"), (adaptive, "_walk"),
-                             (allocator, "_walk")):
+        for module, name in ((acceptance, "_observe"), (adaptive, "_observe"), (adaptive, "_trim"),
+                             (allocator, "_trim")):
             monkeypatch.setattr(module, name, None)
     return request.param
 
@@ -185,7 +185,7 @@ def test_adaptive_policy_chooses_what_the_per_request_policy_chooses(with_confid
 def test_compiled_walk_equals_the_numpy_walk():
     from spec_plugins.policy import allocator
 
-    assert allocator._walk is not None, "spec_plugins.policy._walk is not built"
+    assert allocator._trim is not None, "spec_plugins.policy._trim is not built"
     rng = np.random.default_rng(5)
     for name, cost in curve_costs():
         for trial in range(200):
@@ -247,7 +247,7 @@ def observe_in_pieces(policy, req_ids, drafted, accepted):
 
 @pytest.mark.parametrize("name,cost", list(curve_costs()), ids=lambda x: x if isinstance(x, str) else "")
 def test_one_call_trim_and_observe_equal_the_compiled_pieces(name, cost, monkeypatch):
-    """One compiled call per trim (policy/_walk.cpp trim_step) and per observe (_observe.cpp observe_step)
+    """One compiled call per trim (policy/_trim.cpp trim_step) and per observe (_observe.cpp observe_step)
     against the separate compiled pieces (calibrated_survival, the allocator's walk, history_observe,
     calibrated_observe) over steps of churn: the same lengths and, bit for bit, the same state (kept
     confidences, fits, history, calibrator, long-run rate)."""
@@ -290,7 +290,7 @@ def test_one_call_trim_and_observe_equal_the_compiled_pieces(name, cost, monkeyp
 
 
 def test_the_walks_ranking_is_numpys_stable_argsort():
-    from spec_plugins.policy import _walk
+    from spec_plugins.policy import _trim
 
     rng = np.random.default_rng(23)
     for trial in range(300):
@@ -301,14 +301,14 @@ def test_the_walks_ranking_is_numpys_stable_argsort():
             near = gain[m // 4: m // 2]
             gain[m // 4: m // 2] = 0.5 + rng.integers(0, 64, size=len(near)) * 2.0**-50
         gain = np.maximum(gain, 1e-300)
-        assert _walk.ranking(gain.tolist()) == np.argsort(-gain, kind="stable").tolist(), trial
+        assert _trim.ranking(gain.tolist()) == np.argsort(-gain, kind="stable").tolist(), trial
 
 
 def test_compiled_calls_refuse_a_bad_calibrator_before_changing_anything():
     """The compiled survival, trim and observations check the calibrator's shape ([5, bins], policy/numeric.hpp
     calibrator_bins) and leave the state as it was on refusal."""
     from spec_plugins.core import BatchDrafts, DraftBatch
-    from spec_plugins.policy import _observe, _walk
+    from spec_plugins.policy import _observe, _trim
 
     policy = AdaptiveLength(cost=MeasuredCost(str(H200_PROFILE)))
     drafts = BatchDrafts(np.zeros(6, dtype=np.int64), np.array([0, 2, 6]), np.array([0.9, 0.5, 0.9, 0.8, 0.7, 0.1]))
@@ -316,7 +316,7 @@ def test_compiled_calls_refuse_a_bad_calibrator_before_changing_anything():
     policy.trim_batch(batch, drafts)  # both requests keep confidences to learn from
     cal = policy.calibrator
     with pytest.raises(ValueError, match=r"survival: calibrator tables must be \[5, bins\]"):
-        _walk.calibrated_survival(drafts.confidence, drafts.offsets, drafts.lengths, 4, cal.trials[:4],
+        _trim.calibrated_survival(drafts.confidence, drafts.offsets, drafts.lengths, 4, cal.trials[:4],
                                   cal.successes[:4], cal.prior_weight, None)
     slots, _ = policy.requests.lookup(["a", "b"])
     before = {col: policy.requests[col].copy() for col in ("kept", "kept_len", "fit_ok", "trials")}

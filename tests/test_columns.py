@@ -1,4 +1,5 @@
-"""The drafting contract's compiled column work (spec_plugins/_columns.cpp) against plain Python."""
+"""The compiled column work of every step (spec_plugins/_contract.cpp, _ledger.cpp, vllm/_rows.cpp) against plain
+Python."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spec_plugins import _columns
+from spec_plugins import _contract, _ledger
+from spec_plugins.vllm import _rows
 from spec_plugins.core import BatchDrafts, DraftBatch
 
 lengths_lists = st.lists(st.integers(0, 6), min_size=0, max_size=12)
@@ -32,7 +34,7 @@ def test_truncated_and_lists_equal_slicing(lengths, data):
     assert (cut is drafts) == all(k >= n for k, n in zip(keep, lengths))
     for dtype in (np.int32, np.int64, np.float64):
         t, o = flat_drafts(lengths, dtype)
-        assert _columns.draft_lists(t, o) == [[int(x) for x in t[a:b]] for a, b in zip(o[:-1], o[1:])]
+        assert _contract.draft_lists(t, o) == [[int(x) for x in t[a:b]] for a, b in zip(o[:-1], o[1:])]
 
 
 def test_bad_columns_get_one_line_errors():
@@ -56,22 +58,22 @@ def test_bad_columns_get_one_line_errors():
 
 
 def test_lookup_slots_and_the_ledger_reports():
-    slots, unknown = _columns.lookup_slots({"a": 4, ("t", 1): 2}, ["a", "z", ("t", 1)])
+    slots, unknown = _ledger.lookup_slots({"a": 4, ("t", 1): 2}, ["a", "z", ("t", 1)])
     assert slots.tolist() == [4, -1, 2] and unknown
-    assert _columns.lookup_slots({"a": 0}, ["a"])[1] is False
+    assert _ledger.lookup_slots({"a": 0}, ["a"])[1] is False
     with pytest.raises(TypeError):
-        _columns.lookup_slots({}, [["unhashable"]])
+        _ledger.lookup_slots({}, [["unhashable"]])
     drafted = np.array([0, 3, 5, 2], dtype=np.int64)
-    ids, d, a = _columns.ledger_reports(["a", "b", "c", "d"], np.array([1, 2, 0, 3]), np.array([7, -1, 2, 1]),
+    ids, d, a = _ledger.ledger_reports(["a", "b", "c", "d"], np.array([1, 2, 0, 3]), np.array([7, -1, 2, 1]),
                                         drafted)
     assert (ids, d.tolist(), a.tolist()) == (["a", "d"], [3, 2], [3, 1])  # slot 2 still pending
     assert drafted.tolist() == [0, 0, 5, 0]  # reported once
     last, seen = np.zeros(4, dtype=np.int64), np.array([0, 10, 10, 10])
-    grown = _columns.ledger_seen(np.array([1, 2, 3]), np.array([False, False, True]), 7, np.array([12, 8, 5]),
+    grown = _ledger.ledger_seen(np.array([1, 2, 3]), np.array([False, False, True]), 7, np.array([12, 8, 5]),
                                  None, last, seen)
     assert grown.tolist() == [2, 8, 5] and last.tolist() == [0, 7, 7, 7] and seen.tolist() == [0, 12, 8, 5]
-    assert _columns.first_over(np.array([1, 4, 2]), np.array([1, 3, 1])) == 1
-    assert _columns.count_and_sum(np.array([0, 3, 0, 5])) == (2, 8)
+    assert _ledger.first_over(np.array([1, 4, 2]), np.array([1, 3, 1])) == 1
+    assert _contract.count_and_sum(np.array([0, 3, 0, 5])) == (2, 8)
 
 
 def test_request_slots_slots_of_and_columns():
@@ -102,19 +104,19 @@ def test_ledger_step_equals_lookup_reports_and_seen(data):
             for _ in range(3)]
     mine = [c.copy() for c in cols]
     if "new" in ids:
-        assert _columns.ledger_step(index, ids, 7, lens, num_new, accepted, *mine) is None
+        assert _ledger.ledger_step(index, ids, 7, lens, num_new, accepted, *mine) is None
         assert all((a == b).all() for a, b in zip(cols, mine))  # nothing written
         return
     if len(set(ids)) != len(ids):
         with pytest.raises(ValueError, match="a request id appears twice in one step"):
-            _columns.ledger_step(index, ids, 7, lens, num_new, accepted, *mine)
+            _ledger.ledger_step(index, ids, 7, lens, num_new, accepted, *mine)
         assert all((a == b).all() for a, b in zip(cols, mine))
         return
-    slots, grown, reports = _columns.ledger_step(index, ids, 7, lens, num_new, accepted, *mine)
-    want_slots, _ = _columns.lookup_slots(index, ids)
+    slots, grown, reports = _ledger.ledger_step(index, ids, 7, lens, num_new, accepted, *mine)
+    want_slots, _ = _ledger.lookup_slots(index, ids)
     last, seen, drafted = cols
-    want_reports = None if accepted is None else _columns.ledger_reports(ids, want_slots, accepted, drafted)
-    want_grown = _columns.ledger_seen(want_slots, np.zeros(len(ids), dtype=bool), 7, lens, num_new, last, seen)
+    want_reports = None if accepted is None else _ledger.ledger_reports(ids, want_slots, accepted, drafted)
+    want_grown = _ledger.ledger_seen(want_slots, np.zeros(len(ids), dtype=bool), 7, lens, num_new, last, seen)
     assert slots.tolist() == want_slots.tolist() and grown.tolist() == want_grown.tolist()
     assert (reports is None) == (want_reports is None)
     if reports is not None:
@@ -124,17 +126,17 @@ def test_ledger_step_equals_lookup_reports_and_seen(data):
 
 
 def test_vllm_rows_and_batch_columns():
-    sampled, accepted, lens, caps, decoding = _columns.vllm_rows(
+    sampled, accepted, lens, caps, decoding = _rows.from_runner(
         [[1, 2, 3], [], [4]], np.array([10, 7, 4094, 99], dtype=np.int32), 4096, 4)
     assert sampled.tolist() == [3, 0, 1] and accepted.tolist() == [2, -1, 0] and decoding == 2
     assert lens.tolist() == [10, 7, 4094] and caps.tolist() == [4, 4, 1]  # room before max_model_len - 1
-    assert _columns.vllm_rows([[1]], np.array([5000]), 4096, 4)[3].tolist() == [0]
+    assert _rows.from_runner([[1]], np.array([5000]), 4096, 4)[3].tolist() == [0]
     with pytest.raises(ValueError, match="num_tokens_no_spec: expected one length per row"):
-        _columns.vllm_rows([[1], [2]], np.array([3]), 4096, 4)
+        _rows.from_runner([[1], [2]], np.array([3]), 4096, 4)
     m = np.zeros((2, 8), dtype=np.int32)
     lens = np.array([3, 4])
-    assert _columns.batch_columns(2, lens, lens - 1, lens, np.array([0, 1]), 2, 8)  # int64 vectors: as they are
-    assert not _columns.batch_columns(2, lens.astype(np.int32), lens, lens, None, 0, 0)  # converted by DraftBatch
+    assert _contract.batch_columns(2, lens, lens - 1, lens, np.array([0, 1]), 2, 8)  # int64 vectors: as they are
+    assert not _contract.batch_columns(2, lens.astype(np.int32), lens, lens, None, 0, 0)  # converted by DraftBatch
     batch = DraftBatch(["a", "b"], m, lens.astype(np.int32), [1, 1], (2, 2), rows=[0, 1])
     assert batch.context_lens.dtype == np.int64 and batch.max_draft.tolist() == [2, 2]
     with pytest.raises(ValueError, match="DraftBatch.num_new: row 1 has 5 new tokens in a context of 4"):
@@ -149,7 +151,7 @@ def test_compiled_calls_take_every_layout_their_numpy_conversion_takes(lengths, 
     """Arrays already int64, native, contiguous are read as they are (fast_array.hpp); every other layout goes
     through numpy's conversion as before: byte-swapped, narrower, strided and float columns give the same
     answers, and the caller's array is never written."""
-    from spec_plugins.policy import _walk
+    from spec_plugins.policy import _trim
     from spec_plugins.proposers.ngram import NgramProposer
     from spec_plugins.proposers.suffix_tree import SuffixTreeProposer
 
@@ -164,16 +166,16 @@ def test_compiled_calls_take_every_layout_their_numpy_conversion_takes(lengths, 
         return a.astype(layout)
 
     lengths_col = np.asarray(lengths, dtype=np.int64)
-    want_over = _columns.first_over(lengths_col, caps)
+    want_over = _ledger.first_over(lengths_col, caps)
     if layout == "f8":  # refused by the int64 parameters that do not force a cast (as before)
         with pytest.raises(TypeError):
-            _columns.first_over(as_layout(lengths_col), caps)
+            _ledger.first_over(as_layout(lengths_col), caps)
     else:
-        assert _columns.first_over(as_layout(lengths_col), as_layout(caps)) == want_over
-        assert _columns.draft_lengths(as_layout(offsets), int(offsets[-1])).tolist() == list(lengths)
+        assert _ledger.first_over(as_layout(lengths_col), as_layout(caps)) == want_over
+        assert _contract.draft_lengths(as_layout(offsets), int(offsets[-1])).tolist() == list(lengths)
     # Forcing a cast (the policy's walk): floats and byte orders are read by value.
     gain = np.linspace(1.0, 0.1, 2 * len(lengths) + 1)
-    assert _walk.ranking(gain.tolist()) == _walk.ranking(gain.astype(">f8").tolist())
+    assert _trim.ranking(gain.tolist()) == _trim.ranking(gain.astype(">f8").tolist())
     # The proposers' column readers: the same drafts from any integer layout of lens and caps.
     if layout != "f8" and lengths:
         ctx = [list(range(10)) * 2 for _ in lengths]

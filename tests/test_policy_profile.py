@@ -400,12 +400,12 @@ def test_allocator_prices_tokens_over_long_contexts_dearer_on_both_walks():
     for ctx in (256, 2048):
         context = np.full(2, ctx)
         compiled = allocator.allocate_batch(surv, lengths, context, cost, search="global")
-        walk = allocator._walk
-        allocator._walk = None  # the numpy walk
+        walk = allocator._trim
+        allocator._trim = None  # the numpy walk
         try:
             plain = allocator.allocate_batch(surv, lengths, context, cost, search="global")
         finally:
-            allocator._walk = walk
+            allocator._trim = walk
         assert compiled.tolist() == plain.tolist()
         kept[ctx] = int(compiled.sum())
     assert kept[2048] < kept[256]

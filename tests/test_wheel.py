@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-CORES = ("spec_plugins/_columns", "spec_plugins/policy/_walk", "spec_plugins/policy/_observe",
-         "spec_plugins/proposers/suffix_tree/_core", "spec_plugins/proposers/ngram/_core")
+CORES = ("spec_plugins/_contract", "spec_plugins/_ledger", "spec_plugins/vllm/_rows", "spec_plugins/policy/_trim",
+         "spec_plugins/policy/_observe", "spec_plugins/proposers/suffix_tree/_core", "spec_plugins/proposers/ngram/_core")
 
 pytestmark = pytest.mark.wheel
 
@@ -32,8 +32,8 @@ checkout = os.environ["CHECKOUT"]
 assert checkout not in {os.path.realpath(p or os.getcwd()) for p in sys.path}, sys.path
 import spec_plugins
 assert os.path.realpath(spec_plugins.__file__).startswith(os.environ["VENV"]), spec_plugins.__file__
-for name in ("spec_plugins._columns", "spec_plugins.policy._walk", "spec_plugins.policy._observe",
-             "spec_plugins.proposers.suffix_tree._core", "spec_plugins.proposers.ngram._core"):
+for name in ("spec_plugins._contract", "spec_plugins._ledger", "spec_plugins.vllm._rows", "spec_plugins.policy._trim",
+             "spec_plugins.policy._observe", "spec_plugins.proposers.suffix_tree._core", "spec_plugins.proposers.ngram._core"):
     module = importlib.import_module(name)
     assert module.__file__.endswith(".so") and os.path.realpath(module.__file__).startswith(os.environ["VENV"])
 from spec_plugins import DraftRequest

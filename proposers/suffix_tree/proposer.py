@@ -35,7 +35,7 @@ from typing import Any, Hashable, Literal, Sequence
 import numpy as np
 import pydantic
 
-from spec_plugins import _columns
+from spec_plugins import _ledger
 from spec_plugins.core import BatchDrafts, Draft, DraftBatch, DraftRequest
 
 try:
@@ -184,7 +184,7 @@ class SuffixTreeProposer:
 
     def propose_batch(self, batch: DraftBatch) -> BatchDrafts:
         keys = self._keys
-        ks, unknown = _columns.lookup_slots(keys, batch.req_ids)
+        ks, unknown = _ledger.lookup_slots(keys, batch.req_ids)
         if unknown:  # first sight of some: new keys
             for i in np.flatnonzero(ks < 0).tolist():
                 ks[i] = keys[batch.req_ids[i]] = self._next_key

@@ -42,7 +42,7 @@ import pydantic
 
 from spec_plugins.core import BatchDrafts, Draft, DraftBatch, DraftRequest
 from spec_plugins.policy.acceptance import ConfidenceCalibrator, HistoryEstimator, _observe
-from spec_plugins.policy.allocator import StepCost, _walk, allocate_batch, curve_source
+from spec_plugins.policy.allocator import StepCost, _trim, allocate_batch, curve_source
 from spec_plugins.policy.cost import step_cost
 from spec_plugins.slots import RequestSlots
 
@@ -208,7 +208,7 @@ class AdaptiveLength:
         extra = self.step_fit.offset(lowest=-np.inf)
         if extra < 0.0:
             extra = max(extra, -self.options.max_offset_cut * self.cost.step_time(np.zeros(n, np.int64), context))
-        if curves is not None:  # survival, walk and bookkeeping in one compiled call (policy/_walk.cpp)
+        if curves is not None:  # survival, walk and bookkeeping in one compiled call (policy/_trim.cpp)
             lengths, tau, linear, attention = self._trim_compiled(slots, drafts, search, context, curves, extra)
         else:
             lengths, tau = self._trim_numpy(batch.req_ids, slots, drafts, search, context, extra)
@@ -261,7 +261,7 @@ class AdaptiveLength:
         history = None if with_conf else (h.pooled_trials, h.pooled_successes, h.pooled_prior, h.pooled_prior_weight,
                                           cols["trials"], cols["successes"], h.request_prior_weight)
         curve, attention = curves
-        return _walk.trim_step(
+        return _trim.trim_step(
             conf=drafts.confidence if with_conf else None, offsets=drafts.offsets, drafted=drafts.lengths,
             history=history, slots=slots, cal_trials=cal.trials, cal_successes=cal.successes,
             prior_weight=cal.prior_weight, fit_ok=cols["fit_ok"], fit_predicted=cols["fit_predicted"],
@@ -299,10 +299,10 @@ class AdaptiveLength:
         width = int(usable.max()) if len(usable) else 0
         conf = None
         if self.options.confidence != "off" and drafts.confidence is not None:
-            if _walk is not None:  # calibration, correction and products along each draft in one call
+            if _trim is not None:  # calibration, correction and products along each draft in one call
                 cal = self.calibrator
                 correction = self._correction(slots) if self.options.request_correction > 0 else None
-                surv, conf = _walk.calibrated_survival(drafts.confidence, drafts.offsets, usable, width, cal.trials,
+                surv, conf = _trim.calibrated_survival(drafts.confidence, drafts.offsets, usable, width, cal.trials,
                                                        cal.successes, cal.prior_weight, correction)
                 return surv, usable, conf
             conf = _dense(drafts.confidence, drafts.offsets, usable, width)

@@ -26,9 +26,9 @@ from typing import Callable, Literal, Protocol, Sequence, runtime_checkable
 import numpy as np
 
 try:  # built with the package (setup.py); without it the same walk runs in numpy
-    from spec_plugins.policy import _walk
+    from spec_plugins.policy import _trim
 except ImportError:  # pragma: no cover - only without a build
-    _walk = None
+    _trim = None
 
 
 class StepCost(Protocol):
@@ -168,9 +168,9 @@ def allocate_batch(
     offered = lengths if drafted is None else np.asarray(drafted, dtype=np.int64)
     sunk = cost.overhead_s + extra_s + cost.draft_time(offered)
     curves = _compiled_curves(cost, n, n + int(lengths.sum()) + 1, context_lens) if compiled else None
-    if curves is not None:  # the same walk in one compiled call (policy/_walk.cpp)
+    if curves is not None:  # the same walk in one compiled call (policy/_trim.cpp)
         curve, attention = curves
-        return _walk.walk(survival, lengths, sunk, search == "greedy", min_gain, rate,
+        return _trim.walk(survival, lengths, sunk, search == "greedy", min_gain, rate,
                           -1 if budget is None else budget, curve, attention)
 
     # Candidates ranked by survival; ties broken by request, then position (prefix order, deterministic).
@@ -206,7 +206,7 @@ def curve_source(cost: StepCost) -> Callable[[int, int, np.ndarray], tuple] | No
     """How the compiled walk reads `cost`'s curves, resolved once per cost model: a function of (requests,
     curve length, context lengths) -> (verify curve by rows, attention parameters or None), or None to walk
     in numpy (no build, or a cost model without curves)."""
-    if _walk is None:
+    if _trim is None:
         return None
     if isinstance(cost, ProfiledStepCost):
         if cost.has_contexts:  # a profile at several contexts: each request at its own

@@ -18,7 +18,7 @@ from typing import Literal, Sequence
 import numpy as np
 import pydantic
 
-from spec_plugins import _columns
+from spec_plugins import _contract
 from spec_plugins.policy.hardware import DTYPE_BYTES, HardwareProfile, canonical_dtype, load_hardware
 from spec_plugins.policy.model import ModelDescriptor, load_model_config
 
@@ -234,7 +234,7 @@ class RooflineCost(CostModel):
         return self._linear_curve
 
     def attention_params(self) -> tuple:
-        """What attention_time reads, for the allocator's compiled walk (policy/_walk.cpp), which applies the
+        """What attention_time reads, for the allocator's compiled walk (policy/_trim.cpp), which applies the
         same formula: (layers, kv_heads, head_dim, KV bytes, attention rate, byte rate, G, tile rows)."""
         if self._attention_params is None:  # read every step by the policy
             m, hw = self.model, self.hardware
@@ -302,7 +302,7 @@ class RooflineCost(CostModel):
     def draft_time(self, draft_lens: Sequence[int]) -> float:
         dc = self.drafter
         if dc.kind == "model_free":  # the serving path: no list of the batch's lengths (never negative)
-            drafting, tokens = _columns.count_and_sum(np.ascontiguousarray(draft_lens, dtype=np.int64))
+            drafting, tokens = _contract.count_and_sum(np.ascontiguousarray(draft_lens, dtype=np.int64))
             if drafting == 0:
                 return 0.0
             return (dc.per_request_us * drafting + dc.per_token_us * tokens) * 1e-6

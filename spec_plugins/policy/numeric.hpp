@@ -1,4 +1,4 @@
-// Arithmetic the adaptive policy's compiled paths (_walk.cpp, _observe.cpp) share with its numpy path, so
+// Arithmetic the adaptive policy's compiled paths (_trim.cpp, _observe.cpp) share with its numpy path, so
 // that both compute the same values bit for bit.
 #pragma once
 #include <cstddef>

@@ -45,7 +45,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from spec_plugins import _columns
+from spec_plugins.vllm import _rows
 from spec_plugins.core import BindsModel, check_cap
 from spec_plugins.drafting import DraftingLayer
 from spec_plugins.vllm.plugin import RequestIdAware, install
@@ -162,7 +162,7 @@ class SpecPluginsProposer(RequestIdAware):
         if self.batch_schedule:
             k = min(k, schedule_lookup(self.batch_schedule, num_rows))
         # Per row: tokens sampled, drafts accepted, committed length, cap min(k, room before max_model_len - 1).
-        sampled, accepted, lens, caps, decoding = _columns.vllm_rows(sampled_token_ids, num_tokens_no_spec,
+        sampled, accepted, lens, caps, decoding = _rows.from_runner(sampled_token_ids, num_tokens_no_spec,
                                                                      self.max_model_len, k)
         if decoding == num_rows:  # the usual step: every row decodes
             live, live_ids, present = self._all_rows(num_rows), ids, ()

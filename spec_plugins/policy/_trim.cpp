@@ -426,7 +426,7 @@ py::tuple trim_step(py::object conf_obj, i64 offsets, i64 drafted, py::object hi
 
 }  // namespace
 
-PYBIND11_MODULE(_walk, m) {
+PYBIND11_MODULE(_trim, m) {
   m.doc() = "The adaptive allocator's ranking walk for one step, its survival input, and the whole trim (see allocator.py, adaptive.py).";
   m.def("calibrated_survival", &calibrated_survival, py::arg("flat"), py::arg("offsets"), py::arg("usable"),
         py::arg("width"), py::arg("cal_trials"), py::arg("cal_successes"), py::arg("prior_weight"),
