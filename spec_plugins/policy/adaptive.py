@@ -428,9 +428,9 @@ class StepTimeFit:
         self.y = d * self.y + y
         self.mm = d * self.mm + modelled * modelled
         self.my = d * self.my + modelled * y
-        sxx, _, prior = self._moments()
-        if sxx > prior:  # the steps varied enough to measure the slope: remember it for when they stop
-            self.anchor = self.slope()
+        moments = self._moments()
+        if moments[0] > moments[2]:  # the steps varied enough to measure the slope: remember it for when they stop
+            self.anchor = self._slope(*moments)
 
     def _moments(self) -> tuple[float, float, float]:
         m_bar, y_bar = self.m / self.w, self.y / self.w
@@ -438,22 +438,23 @@ class StepTimeFit:
         return sxx, self.my - self.w * m_bar * y_bar, self.w * (self.shrink * m_bar) ** 2  # prior: ridge to anchor
 
     def slope(self) -> float:
-        if self.w == 0.0:
-            return 1.0
+        return 1.0 if self.w == 0.0 else self._slope(*self._moments())
+
+    def _slope(self, sxx: float, sxy: float, prior: float) -> float:
+        # Plain floats, not numpy scalars: this runs on every engine step, where np.clip alone costs 2 us.
         scale = self.scale
         anchor = scale if self.anchor is None else self.anchor
-        sxx, sxy, prior = self._moments()
         b = anchor if sxx + prior <= 0.0 else (sxy + prior * anchor) / (sxx + prior)
-        return float(np.clip(b, scale / self.spread, scale * self.spread))
+        return min(max(b, scale / self.spread), scale * self.spread)
 
     def offset(self, lowest: float = 0.0) -> float:
         if self.w < self.min_fits:
             return 0.0
-        c = self.y / self.w / self.slope() - self.m / self.w
+        sxx, sxy, prior = self._moments()
+        c = self.y / self.w / self._slope(sxx, sxy, prior) - self.m / self.w
         if c < 0.0:
             # Below 0 only where the data, not the prior, set the slope (now or before): over steps that never
             # varied, a machine faster than its profile would otherwise read as dearer tokens.
-            sxx, _, prior = self._moments()
             lowest = lowest if sxx > prior or self.anchor is not None else 0.0
         return max(c, lowest)
 
