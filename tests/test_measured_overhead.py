@@ -98,6 +98,8 @@ def test_a_measured_offset_over_the_model_keeps_longer_drafts():
     assert stats["step_offset_ms"] == pytest.approx(40.0, rel=0.02) and stats["step_fits"] > 19
     lengths = one_step(policy, seed=7)
     assert policy.stats()["modelled_ms"] == pytest.approx(1e3 * policy.cost.step_time(lengths, np.full(8, 100)))
+    # Expected tokens of that step: one a request, plus each kept token's chance of being accepted.
+    assert 8 < policy.stats()["expected_tokens"] < 8 + lengths.sum()
     assert one_step(policy).sum() > kept_model  # the same tokens are cheaper against a longer step
 
 

@@ -216,13 +216,16 @@ def test_trace_file_records_rows_and_finishes(monkeypatch, tmp_path):
     prop = SpecPluginsProposer(vllm_config())
     prop.row_req_ids = ["a"]
     prop.propose([[3]], np.array([3]), np.array([[1, 2, 3]]))
+    prop.propose([[4, 5]], np.array([5]), np.array([[1, 2, 3, 4, 5]]))  # one drafted token accepted, one bonus
     prop.finish("a")
     lines = [json.loads(line) for line in trace.read_text().splitlines()]
     assert lines[1]["us"] > 0 and lines[1]["t"] > 0
     # The proposer's own call is part of the step, and timed only with the trace on.
     assert 0 < lines[1]["proposer_us"] < lines[1]["us"]
     assert [{k: v for k, v in e.items() if k not in ("pid", "t", "us", "proposer_us")} for e in lines] == [
-        {"start": "ngram", "policy": "fixed", "k": 3}, {"step": 1, "rows": ["a"], "tracked": 1, "drafted": [0]},
+        {"start": "ngram", "policy": "fixed", "k": 3},
+        {"step": 1, "rows": ["a"], "tracked": 1, "drafted": [0], "accepted": [0]},
+        {"step": 2, "rows": ["a"], "tracked": 1, "drafted": [0], "accepted": [1]},
         {"finish": "a", "why": "finished", "tracked": 0}]
 
 

@@ -122,7 +122,7 @@ class AdaptiveLength:
         self.step_fit = StepTimeFit(opts.overhead_decay)
         self.observes_step_time = opts.step_overhead == "measured"  # core.ObservesStepTime
         self._modelled: float | None = None
-        self._last_modelled = 0.0  # the last trimmed step's modelled seconds, kept for stats()
+        self._last_modelled = self._last_tau = 0.0  # the last trimmed step's modelled seconds and expected tokens
         self._curves_of: StepCost | None = None  # the cost model `_curves` reads (allocator.curve_source)
         self._curves = None
         # Where the cost model came from (the engine's log names it); with no options, the prior is chosen from
@@ -216,6 +216,7 @@ class AdaptiveLength:
         # The long-run goodput the allocator weighs tokens against: modelled, over recent steps.
         d = self.options.rate_decay
         self._tau = d * self._tau + tau
+        self._last_tau = tau
         if linear is None:
             step = self.cost.step_time(lengths, context)
         else:  # step_time's sum, from the parts the walk read off the same curves
@@ -240,11 +241,11 @@ class AdaptiveLength:
     def stats(self) -> dict[str, float]:
         """What the policy believes of the engine's steps (core.HasStats; the vLLM adapter's trace): the fitted
         slope and offset of measured against modelled steps, the long-run tokens per modelled second, and the last
-        trimmed step's modelled time (to set beside the engine's measured one)."""
+        trimmed step's modelled time and expected tokens (to set beside what the engine measured and accepted)."""
         rate = self._rate()
         return {"step_fits": self.step_fit.w, "step_slope": self.step_fit.slope(),
                 "step_offset_ms": self.measured_overhead_s * 1e3, "tokens_per_s": 0.0 if rate is None else rate,
-                "modelled_ms": self._last_modelled * 1e3}
+                "modelled_ms": self._last_modelled * 1e3, "expected_tokens": float(self._last_tau)}
 
     def observe_step_interval(self, seconds: float) -> None:
         """The engine's whole step that verified the last trimmed drafts took `seconds` (core.ObservesStepTime)."""

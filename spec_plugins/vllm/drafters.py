@@ -287,11 +287,12 @@ class DraftPolicy(plugin.RequestIdAware):
         self.given.give(BatchDrafts(tokens, np.arange(len(live) + 1, dtype=np.int64) * k, conf))
         batch = runner.input_batch
         lens = np.asarray(batch.num_tokens_no_spec[:n], dtype=np.int64)[live]
+        accepted = counts[live] - 1
         out = self.layer.step([ids[i] for i in live.tolist()], batch.token_ids_cpu, lens, rows=live,
-                              num_new=np.minimum(counts[live], lens), accepted=counts[live] - 1, max_draft=k,
+                              num_new=np.minimum(counts[live], lens), accepted=accepted, max_draft=k,
                               present=[ids[i] for i in np.flatnonzero(counts == 0).tolist()])
         if self.trace is not None:
-            self.trace.step(ids, start, out.lengths)
+            self.trace.step(ids, start, out.lengths, accepted)
         lists: list[list[int]] = [[] for _ in range(n)]
         for i, draft in zip(live.tolist(), out.lists()):
             lists[i] = draft

@@ -24,8 +24,9 @@ sets `row_req_ids` before every call and calls `finish(req_id)` for finished and
 without it rows stand for requests ("row-3"). Either way per-request state is bounded: see `_sweep`.
 
 `SPEC_PLUGINS_TRACE_FILE=PATH` (`StepTrace`) appends to PATH, after one `{"pid", "start", "policy", "k"}` line per
-engine, one JSON line per step (`{"pid", "step", "rows", "tracked", "drafted", "t", "us", "proposer_us"}`: `drafted`
-the draft lengths of the rows that drafted, `t` when the step's drafting began, `us` the host time it took,
+engine, one JSON line per step (`{"pid", "step", "rows", "tracked", "drafted", "accepted", "t", "us", "proposer_us"}`:
+`drafted` the draft lengths of the rows that drafted, `accepted` how many of each one's previous draft the engine
+accepted (in the same order; set beside the last step's `drafted` it is the realised acceptance), `t` when the step's drafting began, `us` the host time it took,
 `proposer_us` the part of it inside the proposer's drafting call (the rest is the ledger, the policy and this
 adapter); every `StepTrace.stats_every` steps also `"stats"` and `"policy_stats"`: the proposer's and the policy's
 `stats()`, where they have one) and one per freed request (`{"pid", "finish", "why", "tracked"}`: `tracked` the
@@ -174,7 +175,7 @@ class SpecPluginsProposer(RequestIdAware):
         drafts = self.drafting.step(live_ids, token_ids_cpu, lens, rows=live, num_new=sampled,
                                     accepted=accepted, max_draft=caps, present=present)
         if self._trace is not None:
-            self._trace.step(ids, start, drafts.lengths)
+            self._trace.step(ids, start, drafts.lengths, accepted)
         if len(live) == num_rows:
             return drafts.lists()
         out: list[list[int]] = [[] for _ in range(num_rows)]
@@ -218,12 +219,12 @@ class StepTrace:
         drafting.time_proposer = True
         self.write({"start": proposer, "policy": policy, "k": k})  # which engine a process's step lines belong to
 
-    def step(self, ids: list[Any], start: float, drafted: np.ndarray) -> None:
+    def step(self, ids: list[Any], start: float, drafted: np.ndarray, accepted: np.ndarray) -> None:
         # t: when this step's drafting began (perf_counter, s), us: its host time; the gaps between steps' t
         # are the engine's step times as the worker saw them.
         drafting = self.drafting
         event = {"step": drafting.step_count, "rows": ids, "tracked": drafting.num_tracked,
-                 "drafted": drafted.tolist(), "t": round(start, 6),
+                 "drafted": drafted.tolist(), "accepted": accepted.tolist(), "t": round(start, 6),
                  "us": round((time.perf_counter() - start) * 1e6, 1),
                  "proposer_us": round(drafting.proposer_seconds * 1e6, 1)}
         if drafting.step_count % self.stats_every == 0:
