@@ -26,9 +26,9 @@ without it rows stand for requests ("row-3"). Either way per-request state is bo
 `SPEC_PLUGINS_TRACE_FILE=PATH` (`StepTrace`) appends to PATH, after one `{"pid", "start", "policy", "k"}` line per
 engine, one JSON line per step (`{"pid", "step", "rows", "tracked", "drafted", "accepted", "t", "us", "proposer_us"}`:
 `drafted` the draft lengths of the rows that drafted, `accepted` how many of each one's previous draft the engine
-accepted (in the same order; set beside the last step's `drafted` it is the realised acceptance), `t` when the step's drafting began, `us` the host time it took,
-`proposer_us` the part of it inside the proposer's drafting call (the rest is the ledger, the policy and this
-adapter); every `StepTrace.stats_every` steps also `"stats"` and `"policy_stats"`: the proposer's and the policy's
+accepted (in the same order; beside the last step's `drafted` it is the realised acceptance), `t` when the step's
+drafting began, `us` the host time it took, `proposer_us` the part of it inside the proposer's drafting call (the
+rest is the ledger, the policy and this adapter); every `StepTrace.stats_every` steps also `"stats"` and `"policy_stats"`: the proposer's and the policy's
 `stats()`, where they have one) and one per freed request (`{"pid", "finish", "why", "tracked"}`: `tracked` the
 requests still held after it). Our DSpark draft model's policy writes the same lines. The integration tests and
 benchmarks/soak.py read them.
