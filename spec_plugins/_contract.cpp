@@ -14,9 +14,7 @@
 #include "fast_array.hpp"
 
 #include <cstdint>
-#include <algorithm>
 #include <string>
-#include <vector>
 
 namespace py = pybind11;
 

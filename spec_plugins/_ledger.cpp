@@ -20,7 +20,6 @@ namespace py = pybind11;
 
 namespace {
 
-using spec_plugins::usable_as_is;
 using i64 = spec_plugins::CArray<std::int64_t, py::array::c_style>;
 
 // Each of ids[0..n)'s slot in `index` (a dict id -> int) into s, -1 where it has none; returns whether some

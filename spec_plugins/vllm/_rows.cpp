@@ -7,9 +7,6 @@
 #include "../fast_array.hpp"
 
 #include <cstdint>
-#include <algorithm>
-#include <string>
-#include <vector>
 
 namespace py = pybind11;
 
