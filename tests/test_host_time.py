@@ -81,16 +81,10 @@ def test_simulator_charges_host_time_by_the_tokens_each_step_appends(tmp_path):
     from spec_plugins.bench import policy_sim
     from spec_plugins.policy.cost import DraftCost, RooflineCost
     from spec_plugins.traces import load_traces
-    from test_policy_planner import make_trace
+    from test_policy_planner import uniform_trace
 
     cost = RooflineCost("h200", "llama-3.1-8b", drafter=DraftCost(kind="model_free", per_request_us=0.0))
-    path = make_trace(tmp_path, max_draft=8)
-    doc = json.loads(path.read_text())
-    for r in doc["requests"]:
-        for s in r["steps"]:
-            s.update(drafted=8, accepted=8, confidence=[0.95] * 8)
-    path.write_text(json.dumps(doc))
-    traces = load_traces([path])
+    traces = load_traces([uniform_trace(tmp_path, 8, drafted=8, accepted=8)])
     base_us = {1: 200.0, 256: 2000.0}
     base = rows("p fixed", base_us) + rows("p adaptive", base_us)
     grows = [r for t, x in ((1.0, 0.5), (9.0, 10.0)) for p in ("p fixed", "p adaptive")

@@ -41,6 +41,17 @@ def make_trace(tmp_path, name="t", max_draft=8, n_requests=6, steps=40, seed=0, 
     return path
 
 
+def uniform_trace(tmp_path, max_draft, drafted, accepted, confidence=0.95):
+    """make_trace's requests with every step drafting `drafted` tokens and accepting `accepted` of them."""
+    path = make_trace(tmp_path, max_draft=max_draft)
+    doc = json.loads(path.read_text())
+    for r in doc["requests"]:
+        for s in r["steps"]:
+            s.update(drafted=drafted, accepted=accepted, confidence=[confidence] * drafted)
+    path.write_text(json.dumps(doc))
+    return path
+
+
 class FlatCost:
     """Memory-bound: a step costs the same whatever is verified."""
 
@@ -211,13 +222,7 @@ def test_simulator_tells_the_policy_each_steps_whole_time(tmp_path):
 
 def test_simulator_empty_drafts_cost_nothing(tmp_path):
     # Every step drafts nothing: every policy equals no speculation exactly.
-    path = make_trace(tmp_path, max_draft=4)
-    doc = json.loads(path.read_text())
-    for r in doc["requests"]:
-        for s in r["steps"]:
-            s.update(drafted=0, accepted=0, confidence=[])
-    path.write_text(json.dumps(doc))
-    traces = load_traces([path])
+    traces = load_traces([uniform_trace(tmp_path, 4, drafted=0, accepted=0)])
     res = policy_sim.run(traces, RooflineCost("h200", "llama-3.1-8b"), [4], 4, 30, 0)["goodput"]
     assert len({round(v[0], 6) for v in res.values()}) == 1
 
@@ -397,12 +402,7 @@ def test_plan_keeps_one_range_where_the_longest_draft_is_best_at_every_batch(tmp
     """Every draft of 16 accepted: a step of B requests at D emits B (1 + D) tokens in 1 ms + B (1 + D) us, so the
     speed-up (1 + D)(1 + B/1000) / (1 + B (1 + D)/1000) grows with D at every B (at B = 256: 3.99x at D = 16, 3.94x
     at D = 15). The plan is D = 16 everywhere, one range (the plan of a real trace once split into five)."""
-    path = make_trace(tmp_path, max_draft=16)
-    doc = json.loads(path.read_text())
-    for r in doc["requests"]:
-        for s in r["steps"]:
-            s.update(drafted=16, accepted=16, confidence=[0.95] * 16)
-    path.write_text(json.dumps(doc))
+    path = uniform_trace(tmp_path, 16, drafted=16, accepted=16)
     p = planner.plan(LinearCost(), planner.AcceptanceStats.from_traces(load_traces([path])), 16)
     assert set(p.chosen) == {16}
     assert p.schedule_ranges() == [[1, 256, 16]]
