@@ -30,11 +30,11 @@ REPLAY = {"suffix_tree": "suffix tree (ours)", "arctic": "ArcticInference (vLLM 
           "vllm_ngram": "vLLM ngram"}
 HOST = ["suffix_tree fixed", "suffix_tree adaptive", "ngram fixed", "vLLM suffix (ArcticInference)",
         "vLLM ngram (numba)"]
-HOST_TIME = "benchmarks/host_time/cpu2-step-overhead-2026-12-05-split.json"
+HOST_TIME = "benchmarks/host_time/cpu2-step-overhead.json"
 GOODPUT = "benchmarks/policy_sim/versus_native_h200_llama8b_host_whole.json"
 SWEEP = "benchmarks/sweep-cpu-replicates/results.json"
 POLICY_SIM = "benchmarks/policy_sim/h200_llama8b_suffix_tree_host.json"
-E2E = "benchmarks/versus_native_e2e/cpu-e2e-zero-config-2026-12-06.json"
+E2E = "benchmarks/versus_native_e2e/cpu-e2e-clients3-2026-12-06.json"
 
 
 def _load(rel: str) -> dict:

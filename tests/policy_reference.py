@@ -304,3 +304,204 @@ class ReferenceAdaptive:
         if self.options.confidence == "off" or draft.confidence is None:
             return None
         return list(draft.confidence)
+
+
+# ---- The batched numpy twins of the compiled steps (policy/_trim.cpp, policy/_observe.cpp) ----------------
+# The same arithmetic as the compiled code, array by array: the compiled walk, trim and observations are
+# checked against these (tests/test_batched_policy.py), and these against the per-request reference above.
+
+
+def numpy_allocate_batch(survival: np.ndarray, lengths: np.ndarray, context_lens: np.ndarray, cost: StepCost, *,
+                         search: Literal["global", "greedy"] = "global", drafted: np.ndarray | None = None,
+                         min_gain: float = 0.0, rate: float | None = None, budget: int | None = None,
+                         extra_s: float = 0.0) -> np.ndarray:
+    """allocator.allocate_batch in numpy: one stable sort, tokens and step times along the ranking as
+    cumulative sums, the stop chosen on the whole array."""
+    survival = np.asarray(survival, dtype=np.float64)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    context_lens = np.asarray(context_lens, dtype=np.int64)
+    n = len(lengths)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    valid = np.arange(survival.shape[1])[None, :] < lengths[:, None]
+    if survival.shape[1] > 1:
+        rising = (np.diff(survival, axis=1) > 1e-12) & valid[:, 1:]
+        if rising.any():
+            r = int(np.flatnonzero(rising.any(axis=1))[0])
+            raise ValueError(f"allocate: survival of request {r} increases along the draft; expected prefix survival")
+    offered = lengths if drafted is None else np.asarray(drafted, dtype=np.int64)
+    sunk = cost.overhead_s + extra_s + cost.draft_time(offered)
+    # Candidates ranked by survival; ties broken by request, then position (prefix order, deterministic).
+    rows_of, pos_of = np.nonzero(valid & (survival > 0.0))  # in (request, position) order
+    gain = survival[rows_of, pos_of]
+    order = np.argsort(-gain, kind="stable")  # stable: equal survivals keep (request, position) order
+    if budget is not None:
+        order = order[:budget]
+    rows_of, pos_of, gain = rows_of[order], pos_of[order], gain[order]
+    tau = np.cumsum(np.concatenate(([float(n)], gain)))
+    time = sunk + numpy_verify_times(cost, n, rows_of, pos_of, context_lens)
+    theta = tau / time if rate is None else tau - rate * time
+    if search == "greedy":
+        # Stop at the first admission that does not improve Theta; nothing after it is read.
+        worse = np.flatnonzero(theta[1:] <= theta[:-1])
+        best_k = int(worse[0]) if worse.size else len(gain)
+    elif min_gain == 0.0:
+        best_k = int(np.argmax(theta))  # the first maximum: a later equal Theta is no improvement
+    else:
+        best_k = 0
+        while True:  # the next allocation that beats the best so far by the margin
+            best = theta[best_k]
+            ahead = np.flatnonzero(theta[best_k + 1:] > best + abs(best) * min_gain)
+            if not ahead.size:
+                break
+            best_k += 1 + int(ahead[0])
+    # The admitted candidates of a request are its first positions, so counting them is its length.
+    return np.bincount(rows_of[:best_k], minlength=n).astype(np.int64)
+
+
+def numpy_verify_times(cost: StepCost, n: int, rows_of: np.ndarray, pos_of: np.ndarray,
+                       context_lens: np.ndarray) -> np.ndarray:
+    """Verification seconds after admitting 0, 1, ..., len(rows_of) candidates of the ranking."""
+    from spec_plugins.policy.allocator import ProfiledStepCost, VectorStepCost
+
+    rows = n + np.arange(len(rows_of) + 1)
+    # A measured profile knows the step time of n requests verifying `rows` tokens directly (its grid has
+    # a batch axis); a model costs the tokens and each request's attention apart.
+    if isinstance(cost, ProfiledStepCost):
+        if cost.has_contexts:
+            return _per_request_times(cost, n, rows_of, context_lens)
+        return cost.batch_times(n, rows)
+    if isinstance(cost, VectorStepCost):
+        linear = cost.linear_times(rows)
+    else:
+        linear = np.array([cost.linear_time(int(r)) for r in rows])
+    attention = _attention_times(cost, np.zeros(n, dtype=np.int64), context_lens)
+    ctx = context_lens[rows_of]
+    # Admitting position j of request r moves its attention from 1 + j to 2 + j query rows.
+    delta = _attention_times(cost, pos_of + 1, ctx) - _attention_times(cost, pos_of, ctx)
+    totals = np.cumsum(np.concatenate(([float(sum(attention.tolist()))], delta)))
+    return linear + totals
+
+
+def _per_request_times(cost: StepCost, n: int, rows_of: np.ndarray, context_lens: np.ndarray) -> np.ndarray:
+    # MeasuredCost.context_terms: after k admissions whose requests' weights sum to W_g, the reference curve
+    # plus the base share plus Σ_g W_g · (Δ_g[n + k] - Δ_g[n]) / k (the compiled walk's operations, in order).
+    m = len(rows_of)
+    curve, base, delta, alpha = cost.context_terms(n, n + m + 1, context_lens)
+    weights = np.cumsum(np.concatenate((np.zeros((1, alpha.shape[1])), alpha[rows_of]), axis=0), axis=0)
+    k = np.arange(1, m + 1, dtype=np.float64)
+    extra = np.full(m + 1, base)
+    for g in range(alpha.shape[1]):
+        extra[1:] = extra[1:] + weights[1:, g] * ((delta[g, n + 1: n + m + 1] - delta[g, n]) / k)
+    return curve[n: n + m + 1] + extra
+
+
+def _attention_times(cost: StepCost, draft_lens: np.ndarray, context_lens: np.ndarray) -> np.ndarray:
+    from spec_plugins.policy.allocator import VectorStepCost
+
+    if isinstance(cost, VectorStepCost):
+        return cost.attention_times(draft_lens, context_lens)
+    return np.array([cost.attention_time(int(d), int(c)) for d, c in zip(draft_lens, context_lens)], dtype=np.float64)
+
+
+def decayed_sum(counts: np.ndarray, events: np.ndarray, decay: float) -> np.ndarray:
+    """Counts after m observations in order (events [m, w], w <= len(counts): the first w positions),
+    each decaying what came before by `decay`: the same as applying them one at a time (exactly so
+    for one), in a single array operation."""
+    m, w = events.shape
+    if m == 1:
+        out = counts * decay
+        out[:w] += events[0]
+        return out
+    weights = decay ** np.arange(m - 1, -1, -1, dtype=np.float64)
+    out = counts * decay**m
+    out[:w] += weights @ events
+    return out
+
+
+def numpy_history_observe(hist: Any, req_ids: Sequence[Hashable], drafted: np.ndarray, accepted: np.ndarray) -> None:
+    """HistoryEstimator.observe_batch in closed form: the same counts as one observation at a time, up to
+    rounding (distinct requests; drafts of 0 tokens ignored)."""
+    from spec_plugins.policy.acceptance import outcome_masks
+
+    drafted = np.asarray(drafted, dtype=np.int64)
+    keep = drafted > 0
+    if not keep.any():
+        return
+    req_ids = [r for r, k in zip(req_ids, keep.tolist()) if k]
+    drafted, accepted = drafted[keep], np.asarray(accepted, dtype=np.int64)[keep]
+    w = min(int(drafted.max()), hist.max_positions)  # only the first max(drafted) positions were tried
+    tried, ok = outcome_masks(drafted, accepted, w)
+    hist.pooled_trials[...] = decayed_sum(hist.pooled_trials, tried, hist.pooled_decay)
+    hist.pooled_successes[...] = decayed_sum(hist.pooled_successes, ok, hist.pooled_decay)
+    slots, _ = hist.requests.lookup(req_ids)
+    for name, events in (("trials", tried), ("successes", ok)):
+        col = hist.requests[name]
+        rows = col[slots] * hist.decay
+        rows[:, :w] += events
+        col[slots] = rows
+
+
+def _dense(flat: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, width: int) -> np.ndarray:
+    """[n, width] matrix of each row's first lengths[r] values of a flat array (zeros after)."""
+    out = np.zeros((len(lengths), width))
+    if width:
+        j = np.arange(width)[None, :]
+        mask = j < lengths[:, None]
+        out[mask] = flat[(offsets[:-1, None] + j)[mask]]
+    return out
+
+
+class NumpyAdaptive(AdaptiveLength):
+    """AdaptiveLength with its compiled trim and observations replaced by their numpy twins."""
+
+    walk = staticmethod(numpy_allocate_batch)
+
+    def _survival(self, req_ids, slots, drafts):
+        if self.options.confidence == "off" or drafts.confidence is None:
+            return super()._survival(req_ids, slots, drafts)
+        usable = np.minimum(drafts.lengths, self.options.max_positions)
+        width = int(usable.max()) if len(usable) else 0
+        conf = _dense(drafts.confidence, drafts.offsets, usable, width)
+        cond = self.calibrator.calibrate_dense(conf)
+        if self.options.request_correction > 0:
+            cond = np.clip(cond * self._correction(slots)[:, None], 0.0, 1.0)
+        return np.cumprod(np.clip(cond, 0.0, 1.0), axis=1), usable, conf
+
+    def _trim_step(self, slots, drafts, search, context, curves, extra):
+        req_ids = [self.requests.id_at(int(s)) for s in slots]
+        surv, usable, conf = self._survival(req_ids, slots, drafts)
+        lengths = self.walk(surv, usable, context, self.cost, search=search, drafted=drafts.lengths,
+                            min_gain=self.options.min_gain, rate=self._rate(),
+                            budget=self.options.max_draft_tokens_per_step, extra_s=extra)
+        kept = np.arange(surv.shape[1])[None, :] < lengths[:, None]
+        tau = float(len(lengths) + np.sum(np.where(kept, surv, 0.0)))
+        if conf is None:
+            self.requests["kept_len"][slots] = -1
+        else:
+            self.requests["kept"][slots, : conf.shape[1]] = conf
+            self.requests["kept_len"][slots] = lengths
+        return lengths, tau, self.cost.step_time(lengths, context)
+
+    def observe_batch(self, req_ids, drafted, accepted):
+        drafted = np.asarray(drafted, dtype=np.int64)
+        accepted = np.asarray(accepted, dtype=np.int64)
+        numpy_history_observe(self.history, req_ids, drafted, accepted)
+        slots, _ = self.requests.lookup(req_ids, create=False)
+        known = slots >= 0
+        kept_len = self.requests.gather("kept_len", slots, -1)
+        due = known & (kept_len == drafted) & (drafted > 0)
+        self.requests["kept_len"][slots[known]] = -1  # each kept draft is learnt from once
+        if not due.any():
+            return
+        idx = slots[due]
+        d_due, a_due = drafted[due], accepted[due]
+        conf = self.requests["kept"][idx, : int(d_due.max())]
+        h = self.options.history_decay
+        # Predicted accepted tokens of each verified draft: calibrated confidences of the positions tried.
+        tried = np.minimum(a_due + 1, d_due)
+        calibrated = self.calibrator.calibrate_dense(conf)
+        predicted = np.sum(np.where(np.arange(conf.shape[1])[None, :] < tried[:, None], calibrated, 0.0), axis=1)
+        self.requests["fit_ok"][idx] = h * self.requests["fit_ok"][idx] + a_due
+        self.requests["fit_predicted"][idx] = h * self.requests["fit_predicted"][idx] + predicted
+        self.calibrator.observe_dense(conf, d_due, a_due)

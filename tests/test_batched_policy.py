@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from policy_reference import ReferenceAdaptive, ReferenceCalibrator, ReferenceHistory, reference_allocate
+from policy_reference import (NumpyAdaptive, ReferenceAdaptive, ReferenceCalibrator, ReferenceHistory,
+                              numpy_allocate_batch, numpy_history_observe, numpy_verify_times, reference_allocate)
 from spec_plugins.core import Draft, DraftRequest
 from spec_plugins.policy.acceptance import ConfidenceCalibrator, HistoryEstimator, survival
 from spec_plugins.policy.adaptive import AdaptiveLength
@@ -101,21 +102,16 @@ def test_vectorised_costs_match_the_scalar_ones():
 
 
 @pytest.fixture(params=["compiled", "numpy"])
-def observe_path(request, monkeypatch):
-    """Both ways the policy runs: compiled (policy/_observe.cpp updates, policy/_trim.cpp survival and walk)
-    and numpy only."""
-    from spec_plugins.policy import acceptance, adaptive, allocator
-
+def observe_path(request):
+    """Both ways the policy is computed: compiled (policy/_observe.cpp updates, policy/_trim.cpp survival and
+    walk), and the numpy twins of those steps (tests/policy_reference.py)."""
     if request.param == "compiled":
-        assert acceptance._observe is not None and allocator._trim is not None, "the policy's C++ is not built"
-    else:
-        for module, name in ((acceptance, "_observe"), (adaptive, "_observe"), (adaptive, "_trim"),
-                             (allocator, "_trim")):
-            monkeypatch.setattr(module, name, None)
-    return request.param
+        return AdaptiveLength, HistoryEstimator.observe_batch
+    return NumpyAdaptive, numpy_history_observe
 
 
 def test_history_and_calibrator_match_one_observation_at_a_time(observe_path):
+    _, history_observe = observe_path
     rng = np.random.default_rng(3)
     hist, ref_hist = HistoryEstimator(16), ReferenceHistory(16)
     cal, ref_cal = ConfidenceCalibrator(), ReferenceCalibrator()
@@ -124,7 +120,7 @@ def test_history_and_calibrator_match_one_observation_at_a_time(observe_path):
         chosen = list(rng.choice(ids, size=int(rng.integers(1, 20)), replace=False))
         drafted = rng.integers(0, 17, size=len(chosen))
         accepted = np.array([rng.integers(0, d + 1) for d in drafted])
-        hist.observe_batch(chosen, drafted, accepted)
+        history_observe(hist, chosen, drafted, accepted)
         for r, d, a in zip(chosen, drafted.tolist(), accepted.tolist()):
             ref_hist.observe(r, d, a)
         conf = rng.random((len(chosen), 16))
@@ -149,8 +145,9 @@ def test_adaptive_policy_chooses_what_the_per_request_policy_chooses(with_confid
     """Many steps of a batch of requests that come and go: same lengths at every step. Observations are
     reported one request at a time to both (the per-request policy cannot batch them)."""
     rng = np.random.default_rng(11 if with_confidence else 12)
+    policy, _ = observe_path
     cost = step_cost(hardware="h200", model="llama-3.1-8b")
-    new = AdaptiveLength(cost=cost)
+    new = policy(cost=cost)
     old = ReferenceAdaptive(cost=cost)
     live: list[str] = []
     next_id = 0
@@ -183,11 +180,10 @@ def test_adaptive_policy_chooses_what_the_per_request_policy_chooses(with_confid
 
 
 def test_compiled_walk_equals_the_numpy_walk():
-    from spec_plugins.policy import allocator
-
-    assert allocator._trim is not None, "spec_plugins.policy._trim is not built"
+    """Bit for bit: every cost model, the roofline's attention curve and a plain StepCost's tabulated times
+    included (allocator.curve_source)."""
     rng = np.random.default_rng(5)
-    for name, cost in curve_costs():
+    for name, cost in [*curve_costs(), ("jagged", JaggedCost())]:
         for trial in range(200):
             batch = int(rng.choice([1, 3, 16, 256]))
             surv, context = random_step(rng, batch, int(rng.choice([4, 16, 40])))
@@ -199,7 +195,7 @@ def test_compiled_walk_equals_the_numpy_walk():
                       "rate": None if rng.random() < 0.5 else float(rng.uniform(10, 5000)),
                       "budget": None if rng.random() < 0.7 else int(rng.integers(0, 3 * batch))}
             args = (dense, lengths, np.array(context), cost)
-            assert np.array_equal(allocate_batch(*args, **kwargs), allocate_batch(*args, **kwargs, compiled=False)), \
+            assert np.array_equal(allocate_batch(*args, **kwargs), numpy_allocate_batch(*args, **kwargs)), \
                 (name, trial, kwargs)
 
 
@@ -207,8 +203,6 @@ def test_the_walk_reads_each_requests_context_as_step_time_does():
     """With a profile at several contexts, the step times along the ranking are cost.step_time of each prefix
     allocation, every request at its own context; and a short request keeps more than a long one of the same
     survivals."""
-    from spec_plugins.policy.allocator import _verify_times
-
     cost = MeasuredCost(str(CPU_CONTEXTS), draft_us_per_request=0)
     rng = np.random.default_rng(11)
     for trial in range(30):
@@ -216,14 +210,14 @@ def test_the_walk_reads_each_requests_context_as_step_time_does():
         lengths = rng.integers(0, 6, size=n)
         rows_of = rng.permutation(np.repeat(np.arange(n), lengths))
         context = rng.integers(1, 5000, size=n)
-        times = _verify_times(cost, n, rows_of, np.zeros(len(rows_of), dtype=np.int64), context)
+        times = numpy_verify_times(cost, n, rows_of, np.zeros(len(rows_of), dtype=np.int64), context)
         for k in range(len(rows_of) + 1):
             drafts = np.bincount(rows_of[:k], minlength=n)
             assert times[k] == pytest.approx(cost.step_time(drafts, context), rel=1e-12), (trial, k)
     surv = np.cumprod(np.full((8, 15), 0.85), axis=1)
     context = np.array([200] * 4 + [2000] * 4)
-    for compiled in (True, False):
-        kept = allocate_batch(surv, np.full(8, 15), context, cost, compiled=compiled)
+    for walk in (allocate_batch, numpy_allocate_batch):
+        kept = walk(surv, np.full(8, 15), context, cost)
         assert kept[:4].min() > kept[4:].max(), kept
 
 
@@ -246,19 +240,24 @@ def observe_in_pieces(policy, req_ids, drafted, accepted):
 
 
 @pytest.mark.parametrize("name,cost", list(curve_costs()), ids=lambda x: x if isinstance(x, str) else "")
-def test_one_call_trim_and_observe_equal_the_compiled_pieces(name, cost, monkeypatch):
+def test_one_call_trim_and_observe_equal_the_compiled_pieces(name, cost):
     """One compiled call per trim (policy/_trim.cpp trim_step) and per observe (_observe.cpp observe_step)
     against the separate compiled pieces (calibrated_survival, the allocator's walk, history_observe,
     calibrated_observe) over steps of churn: the same lengths and, bit for bit, the same state (kept
     confidences, fits, history, calibrator, long-run rate)."""
     from spec_plugins.core import BatchDrafts, DraftBatch
-    from spec_plugins.policy import adaptive
+
+    class CompiledPieces(NumpyAdaptive):
+        """The trim in compiled pieces: the calibrated survival, then the allocator's walk."""
+
+        _survival = AdaptiveLength._survival
+        walk = staticmethod(allocate_batch)
 
     rng = np.random.default_rng(17)
     options = [{}, {"search": "greedy"}, {"min_gain": 0.01, "max_draft_tokens_per_step": 40},
                {"objective": "per_step", "request_correction": 0.0}, {"confidence": "off"}]
     for opts in options:
-        fast, slow = AdaptiveLength(cost=cost, **opts), AdaptiveLength(cost=cost, **opts)
+        fast, slow = AdaptiveLength(cost=cost, **opts), CompiledPieces(cost=cost, **opts)
         live = [f"r{i}" for i in range(12)]
         for step in range(60):
             if rng.random() < 0.2:
@@ -273,10 +272,7 @@ def test_one_call_trim_and_observe_equal_the_compiled_pieces(name, cost, monkeyp
             drafts = BatchDrafts(np.zeros(int(offsets[-1]), dtype=np.int64), offsets, conf)
             batch = DraftBatch(live, [[1]] * n, rng.integers(1, 5000, size=n), np.ones(n, dtype=np.int64),
                                np.full(n, 16))
-            got = fast.trim_batch(batch, drafts)
-            monkeypatch.setattr(adaptive, "curve_source", lambda cost: None)  # the pieces, each compiled
-            want = slow.trim_batch(batch, drafts)
-            monkeypatch.undo()
+            got, want = fast.trim_batch(batch, drafts), slow.trim_batch(batch, drafts)
             assert got.tolist() == want.tolist(), (opts, step)
             assert (fast._tau, fast._time) == (slow._tau, slow._time), (opts, step)
             accepted = np.array([rng.integers(0, k + 1) for k in got])

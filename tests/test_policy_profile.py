@@ -387,6 +387,7 @@ def test_a_concave_context_extra_is_priced_by_its_chord():
 def test_allocator_prices_tokens_over_long_contexts_dearer_on_both_walks():
     import numpy as np
 
+    from policy_reference import numpy_allocate_batch
     from spec_plugins.policy import allocator
     from spec_plugins.policy.measured import add_context
 
@@ -400,12 +401,7 @@ def test_allocator_prices_tokens_over_long_contexts_dearer_on_both_walks():
     for ctx in (256, 2048):
         context = np.full(2, ctx)
         compiled = allocator.allocate_batch(surv, lengths, context, cost, search="global")
-        walk = allocator._trim
-        allocator._trim = None  # the numpy walk
-        try:
-            plain = allocator.allocate_batch(surv, lengths, context, cost, search="global")
-        finally:
-            allocator._trim = walk
+        plain = numpy_allocate_batch(surv, lengths, context, cost, search="global")
         assert compiled.tolist() == plain.tolist()
         kept[ctx] = int(compiled.sum())
     assert kept[2048] < kept[256]

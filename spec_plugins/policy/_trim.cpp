@@ -1,7 +1,8 @@
 // The allocator's search over one step (spec_plugins/policy/allocator.py, allocate_batch) in one call:
 // rank every (request, position) by prefix survival, walk the ranking with running tokens and step
-// time read off the cost model's cached curves, and stop where the search says. The arithmetic is the
-// numpy path's, operation for operation, so both choose the same lengths (tests/test_batched_policy.py).
+// time read off the cost model's cached curves, and stop where the search says. The arithmetic is that of
+// the numpy twin the tests keep (tests/policy_reference.py), operation for operation, so both choose the same
+// lengths (tests/test_batched_policy.py).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -29,18 +30,19 @@ namespace {
 using f64 = spec_plugins::CArray<double, py::array::c_style | py::array::forcecast>;
 using i64 = spec_plugins::CArray<std::int64_t, py::array::c_style | py::array::forcecast>;
 
-// RooflineCost.attention_times for one (draft length, context length): same operations, same order.
+// Each request's attention by its draft rows: its context length times the roofline's seconds per context token
+// (RooflineCost.attention_curve: the same product as in Python), or a table the cost model's attention_time
+// filled (allocator.curve_source, for a cost model without curves).
 struct Attention {
-  double layers, kv_heads, head_dim, kv_bytes, attn_rate, byte_rate;
-  std::int64_t group, tile_rows;
-  double at(std::int64_t d, std::int64_t length) const {
-    if (length <= 0) return 0.0;
-    const double tiles = double(this->tiles(d));
-    const double kv = 2.0 * double(length) * kv_heads * head_dim * kv_bytes * tiles;
-    const double flops = 4.0 * kv_heads * tiles * double(tile_rows) * head_dim * double(length);
-    return layers * std::max(flops / attn_rate, kv / byte_rate);
+  const double* per_token = nullptr;  // [len]: by draft rows 0, 1, ...
+  const double* table = nullptr;      // [n, len]
+  const std::int64_t* context = nullptr;
+  py::ssize_t len = 0;
+  double at(py::ssize_t r, std::int64_t d) const {
+    if (table) return table[r * len + d];
+    const std::int64_t length = context[r];
+    return length <= 0 ? 0.0 : double(length) * per_token[d];
   }
-  std::int64_t tiles(std::int64_t d) const { return (group * (1 + d) + tile_rows - 1) / tile_rows; }
 };
 
 // Indices of `gain` (all > 0) by decreasing value, equal values in index order: numpy's
@@ -110,13 +112,15 @@ struct ContextCost {
   }
 };
 
-// The cost model's extra terms from Python: none (a measured profile at one context: its curve includes
-// attention), the roofline's attention parameters (RooflineCost.attention_params, + the context lengths), or
-// ("per_request", base, delta, alpha) from MeasuredCost.context_terms. The arrays stay alive in the holders.
+// The cost model's extra terms from Python (allocator.curve_source): none (a measured profile at one context: its
+// curve includes attention), ("per_token", RooflineCost.attention_curve, context lengths), ("per_row", table
+// [n, draft rows]), or ("per_request", base, delta, alpha) from MeasuredCost.context_terms. The arrays stay
+// alive in the holders.
 struct Extras {
   bool has_attention = false, has_contexts = false;
   Attention att{};
   i64 context;
+  f64 attention;
   ContextCost cc{};
   f64 delta, alpha;
 };
@@ -124,9 +128,8 @@ struct Extras {
 void read_extras(const py::object& obj, Extras& x, py::ssize_t n) {
   if (obj.is_none()) return;
   py::tuple t = obj.cast<py::tuple>();
-  if (py::isinstance<py::str>(t[0])) {
-    if (t[0].cast<std::string>() != "per_request" || t.size() != 4)
-      throw py::value_error("allocate: expected ('per_request', base, delta, alpha) context terms");
+  const std::string kind = t.size() > 0 && py::isinstance<py::str>(t[0]) ? t[0].cast<std::string>() : "";
+  if (kind == "per_request" && t.size() == 4) {
     x.delta = t[2].cast<f64>();
     x.alpha = t[3].cast<f64>();
     if (x.delta.ndim() != 2 || x.alpha.ndim() != 2 || x.alpha.shape(0) != n || x.alpha.shape(1) != x.delta.shape(0))
@@ -135,10 +138,22 @@ void read_extras(const py::object& obj, Extras& x, py::ssize_t n) {
     x.has_contexts = true;
     return;
   }
-  x.att = Attention{t[0].cast<double>(), t[1].cast<double>(), t[2].cast<double>(), t[3].cast<double>(),
-                    t[4].cast<double>(), t[5].cast<double>(), t[6].cast<std::int64_t>(), t[7].cast<std::int64_t>()};
-  x.context = t[8].cast<i64>();
-  if (x.context.ndim() != 1 || x.context.shape(0) != n) throw py::value_error("allocate: one context length per request");
+  if (kind == "per_token" && t.size() == 3) {
+    x.attention = t[1].cast<f64>();
+    x.context = t[2].cast<i64>();
+    if (x.attention.ndim() != 1) throw py::value_error("allocate: the attention curve must be 1-D");
+    if (x.context.ndim() != 1 || x.context.shape(0) != n)
+      throw py::value_error("allocate: one context length per request");
+    x.att = Attention{x.attention.data(), nullptr, x.context.data(), x.attention.shape(0)};
+  } else if (kind == "per_row" && t.size() == 2) {
+    x.attention = t[1].cast<f64>();
+    if (x.attention.ndim() != 2 || x.attention.shape(0) != n)
+      throw py::value_error("allocate: one row of attention times per request");
+    x.att = Attention{nullptr, x.attention.data(), nullptr, x.attention.shape(1)};
+  } else {
+    throw py::value_error("allocate: expected ('per_token', curve, context lengths), ('per_row', table) or "
+                          "('per_request', base, delta, alpha) attention terms");
+  }
   x.has_attention = true;
 }
 
@@ -155,7 +170,6 @@ struct Search {
 void walk_into(const double* S, py::ssize_t n, py::ssize_t width, const std::int64_t* L, const Search& q,
                const double* C, py::ssize_t curve_len, const Extras& x, std::int64_t* out) {
   const Attention* att = x.has_attention ? &x.att : nullptr;
-  const std::int64_t* ctx = x.has_attention ? x.context.data() : nullptr;
   const ContextCost* cc = x.has_contexts ? &x.cc : nullptr;
   // Candidates in (request, position) order; a survival that rises along a draft is refused.
   std::vector<std::int32_t> row, pos;
@@ -186,11 +200,9 @@ void walk_into(const double* S, py::ssize_t n, py::ssize_t width, const std::int
   std::vector<double> W(cc ? cc->grids : 0, 0.0);  // running sums of the admitted rows' context weights
 
   double attn_total = 0.0;
-  std::vector<char> opens;  // opens[j]: draft row j + 1 starts another attention tile
   if (att) {  // Python's sum over the requests' attention at draft 0, in request order
-    for (py::ssize_t r = 0; r < n; ++r) attn_total += att->at(0, ctx[r]);
-    opens.resize(width + 1);
-    for (py::ssize_t j = 0; j <= width; ++j) opens[j] = att->tiles(j + 1) != att->tiles(j);
+    if (att->len < width + 2) throw py::value_error("allocate: the attention terms are shorter than the drafts");
+    for (py::ssize_t r = 0; r < n; ++r) attn_total += att->at(r, 0);
   }
   auto theta_at = [&](double tau, double verify) {
     const double time = q.sunk + verify;
@@ -203,10 +215,9 @@ void walk_into(const double* S, py::ssize_t n, py::ssize_t width, const std::int
   for (std::size_t k = 1; k <= m; ++k) {
     const std::int32_t c = order[k - 1];
     tau += gain[c];
-    if (att) {
-      const std::int64_t j = pos[c], length = ctx[row[c]];
-      // One more draft row costs attention only when it opens another query tile (else it adds 0.0).
-      if (opens[j]) attn_total += att->at(j + 1, length) - att->at(j, length);
+    if (att) {  // one more draft row of request row[c]: exactly 0.0 where it opens no other query tile
+      const std::int64_t j = pos[c];
+      attn_total += att->at(row[c], j + 1) - att->at(row[c], j);
     }
     double verify = C[n + k];
     if (att) {
@@ -315,7 +326,7 @@ using i64_out = spec_plugins::CArray<std::int64_t, py::array::c_style>;
 //   the store of each request's kept raw confidences and length (kept, kept_len at its slot; -1 without
 //             confidences), which its next observation learns from.
 // Returns (lengths [n], expected tokens of the kept drafts, linear seconds, attention seconds): what the
-// policy's long-run rate adds up. The arithmetic is the numpy path's, operation for operation.
+// policy's long-run rate adds up. The arithmetic is the numpy twin's (tests/policy_reference.py, NumpyAdaptive).
 py::tuple trim_step(py::object conf_obj, i64 offsets, i64 drafted, py::object history_obj, i64 slots, f64 cal_trials,
                     f64 cal_successes, double prior_weight, f64 fit_ok, f64 fit_predicted, double correction_k,
                     f64_out kept, i64_out kept_len, double sunk, bool greedy, double min_gain, py::object rate_obj,
@@ -390,7 +401,7 @@ py::tuple trim_step(py::object conf_obj, i64 offsets, i64 drafted, py::object hi
   std::int64_t* len = out.mutable_data();
   walk_into(surv.data(), n, width, usable.data(), q, curve.data(), curve.shape(0), extras, len);
 
-  // Expected tokens and modelled time of the kept drafts, summed as the numpy path sums them.
+  // Expected tokens and modelled time of the kept drafts, summed as the numpy twin sums them.
   std::vector<double> kept_surv(n * width, 0.0);
   std::int64_t rows = n;
   for (py::ssize_t r = 0; r < n; ++r) {
@@ -400,7 +411,7 @@ py::tuple trim_step(py::object conf_obj, i64 offsets, i64 drafted, py::object hi
   const double tau = double(n) + numpy_sum(kept_surv.data(), kept_surv.size());
   double attention = 0.0;  // what the step pays beyond the curve: attention, or the contexts' extra
   if (extras.has_attention)
-    for (py::ssize_t r = 0; r < n; ++r) attention += extras.att.at(len[r], extras.context.data()[r]);
+    for (py::ssize_t r = 0; r < n; ++r) attention += extras.att.at(r, len[r]);
   if (extras.has_contexts) {
     const ContextCost& cc = extras.cc;
     std::vector<double> W(cc.grids, 0.0);

@@ -3,8 +3,8 @@
 Two sources, both learnt online from what verification accepted:
 
 Both take a whole step at once (`observe_batch`/`observe_dense`, `conditional_batch`/`calibrate_dense`).
-The compiled updates (`_observe.cpp`) apply a step's observations one at a time, in order; without the
-build, closed-form decay-weighted sums give the same counts up to rounding.
+The history's compiled update (`_observe.cpp`) applies a step's observations one at a time, in order
+(tests/policy_reference.py keeps a closed-form numpy update that gives the same counts up to rounding).
 
 * `HistoryEstimator` -- counts per draft position, per request, shrunk towards the pooled counts of
   all requests (a Beta prior whose mean is the pooled rate). Old steps fade (`decay`), so a request
@@ -26,10 +26,7 @@ import numpy as np
 
 from spec_plugins.slots import RequestSlots
 
-try:  # built with the package (setup.py): the observation updates one at a time, in one call
-    from spec_plugins.policy import _observe
-except ImportError:  # pragma: no cover - only without a build: the closed-form numpy updates
-    _observe = None
+from spec_plugins.policy import _observe  # the observation updates one at a time, compiled with the package
 
 
 def conditional_outcomes(drafted: int, accepted: int) -> tuple[int, int]:
@@ -58,21 +55,6 @@ def outcome_masks(drafted: np.ndarray, accepted: np.ndarray, positions: int) -> 
     return (j < tried[:, None]).astype(np.float64), (j < accepted[:, None]).astype(np.float64)
 
 
-def decayed_sum(counts: np.ndarray, events: np.ndarray, decay: float) -> np.ndarray:
-    """Counts after m observations in order (events [m, w], w <= len(counts): the first w positions),
-    each decaying what came before by `decay`: the same as applying them one at a time (exactly so
-    for one), in a single array operation."""
-    m, w = events.shape
-    if m == 1:
-        out = counts * decay
-        out[:w] += events[0]
-        return out
-    weights = decay ** np.arange(m - 1, -1, -1, dtype=np.float64)
-    out = counts * decay**m
-    out[:w] += weights @ events
-    return out
-
-
 class HistoryEstimator:
     """Per-request conditional acceptance per position from past verifications.
 
@@ -98,7 +80,6 @@ class HistoryEstimator:
         self.pooled_prior_weight = pooled_prior_weight
         # slots: a RequestSlots with `columns(max_positions)` among its own, whose owner also frees them.
         self.requests = RequestSlots(**self.columns(max_positions)) if slots is None else slots
-        self._used = 0  # positions ever tried: the columns past it hold zeros, which decaying leaves as they are
 
     def observe(self, req_id: Hashable, drafted: int, accepted: int) -> None:
         self.observe_batch([req_id], np.array([drafted]), np.array([accepted]))
@@ -112,26 +93,11 @@ class HistoryEstimator:
         if not keep.all():
             req_ids = [r for r, k in zip(req_ids, keep.tolist()) if k]
             drafted, accepted = drafted[keep], np.asarray(accepted)[keep]
-        if _observe is not None:
-            accepted = np.asarray(accepted, dtype=np.int64)
-            check_outcomes(drafted, accepted)  # before any state changes
-            slots, _ = self.requests.lookup(req_ids)
-            _observe.history_observe(self.pooled_trials, self.pooled_successes, self.requests["trials"],
-                                     self.requests["successes"], slots, drafted, accepted, self.decay,
-                                     self.pooled_decay)
-            return
-        # Only the first max(drafted) positions were tried; the rest only decay.
-        w = min(int(drafted.max()), self.max_positions)
-        tried, ok = outcome_masks(drafted, accepted, w)
-        self.pooled_trials = decayed_sum(self.pooled_trials, tried, self.pooled_decay)
-        self.pooled_successes = decayed_sum(self.pooled_successes, ok, self.pooled_decay)
+        accepted = np.asarray(accepted, dtype=np.int64)
+        check_outcomes(drafted, accepted)  # before any state changes
         slots, _ = self.requests.lookup(req_ids)
-        self._used = used = max(self._used, w)
-        for name, events in (("trials", tried), ("successes", ok)):
-            col = self.requests[name]
-            rows = col[slots, :used] * self.decay
-            rows[:, :w] += events
-            col[slots, :used] = rows
+        _observe.history_observe(self.pooled_trials, self.pooled_successes, self.requests["trials"],
+                                 self.requests["successes"], slots, drafted, accepted, self.decay, self.pooled_decay)
 
     def pooled_rates(self) -> np.ndarray:
         return (self.pooled_successes + self.pooled_prior_weight * self.pooled_prior) / (

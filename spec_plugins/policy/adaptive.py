@@ -42,7 +42,7 @@ import pydantic
 
 from spec_plugins.core import BatchDrafts, Draft, DraftBatch, DraftRequest
 from spec_plugins.policy.acceptance import ConfidenceCalibrator, HistoryEstimator, _observe
-from spec_plugins.policy.allocator import StepCost, _trim, allocate_batch, curve_source
+from spec_plugins.policy.allocator import StepCost, _trim, curve_source
 from spec_plugins.policy.cost import step_cost
 from spec_plugins.slots import RequestSlots
 
@@ -203,24 +203,16 @@ class AdaptiveLength:
             search = "global" if drafts.probs is None or all(p is None for p in drafts.probs) else "greedy"
         context = batch.context_lens
         n = len(drafted)
-        source = self._curve_source()
-        curves = None if source is None else source(n, n + len(drafts.tokens) + 1, context)
+        tokens = len(drafts.tokens)  # bounds the longest draft without reading the lengths
+        curves = self._curve_source()(n, n + tokens + 1, context, min(tokens, self.options.max_positions))
         extra = self.step_fit.offset(lowest=-np.inf)
         if extra < 0.0:
             extra = max(extra, -self.options.max_offset_cut * self.cost.step_time(np.zeros(n, np.int64), context))
-        if curves is not None:  # survival, walk and bookkeeping in one compiled call (policy/_trim.cpp)
-            lengths, tau, linear, attention = self._trim_compiled(slots, drafts, search, context, curves, extra)
-        else:
-            lengths, tau = self._trim_numpy(batch.req_ids, slots, drafts, search, context, extra)
-            linear = attention = None
+        lengths, tau, step = self._trim_step(slots, drafts, search, context, curves, extra)
         # The long-run goodput the allocator weighs tokens against: modelled, over recent steps.
         d = self.options.rate_decay
         self._tau = d * self._tau + tau
         self._last_tau = tau
-        if linear is None:
-            step = self.cost.step_time(lengths, context)
-        else:  # step_time's sum, from the parts the walk read off the same curves
-            step = self.cost.overhead_s + linear + attention + self.cost.draft_time(lengths)
         self._modelled = self._last_modelled = step
         self._time = d * self._time + step + extra
         return lengths
@@ -254,15 +246,18 @@ class AdaptiveLength:
             return
         self.step_fit.add(modelled, seconds)
 
-    def _trim_compiled(self, slots: np.ndarray, drafts: BatchDrafts, search: str, context: np.ndarray,
-                       curves: tuple, extra: float) -> tuple:
+    def _trim_step(self, slots: np.ndarray, drafts: BatchDrafts, search: str, context: np.ndarray,
+                   curves: tuple, extra: float) -> tuple:
+        """Survival, walk and bookkeeping in one compiled call (policy/_trim.cpp): (lengths, expected tokens,
+        modelled seconds) of the step, each request's kept confidences stored (tests/policy_reference.py: the
+        same step in numpy)."""
         cols, cal, o = self.requests.columns, self.calibrator, self.options
         with_conf = o.confidence != "off" and drafts.confidence is not None
         h = self.history
         history = None if with_conf else (h.pooled_trials, h.pooled_successes, h.pooled_prior, h.pooled_prior_weight,
                                           cols["trials"], cols["successes"], h.request_prior_weight)
-        curve, attention = curves
-        return _trim.trim_step(
+        curve, terms = curves
+        lengths, tau, linear, attention = _trim.trim_step(
             conf=drafts.confidence if with_conf else None, offsets=drafts.offsets, drafted=drafts.lengths,
             history=history, slots=slots, cal_trials=cal.trials, cal_successes=cal.successes,
             prior_weight=cal.prior_weight, fit_ok=cols["fit_ok"], fit_predicted=cols["fit_predicted"],
@@ -270,22 +265,9 @@ class AdaptiveLength:
             sunk=self.cost.overhead_s + extra + self.cost.draft_time(drafts.lengths), greedy=search == "greedy",
             min_gain=o.min_gain, rate=self._rate(),
             budget=-1 if o.max_draft_tokens_per_step is None else o.max_draft_tokens_per_step,
-            curve=curve, attention=attention)
-
-    def _trim_numpy(self, req_ids: Sequence[Hashable], slots: np.ndarray, drafts: BatchDrafts, search: str,
-                    context: np.ndarray, extra: float) -> tuple[np.ndarray, float]:
-        surv, usable, conf = self._survival(req_ids, slots, drafts)
-        lengths = allocate_batch(surv, usable, context, self.cost, search=search, drafted=drafts.lengths,
-                                 min_gain=self.options.min_gain, rate=self._rate(),
-                                 budget=self.options.max_draft_tokens_per_step, extra_s=extra)
-        kept = np.arange(surv.shape[1])[None, :] < lengths[:, None]
-        tau = float(len(lengths) + np.sum(np.where(kept, surv, 0.0)))
-        if conf is None:
-            self.requests["kept_len"][slots] = -1
-        else:
-            self.requests["kept"][slots, : conf.shape[1]] = conf
-            self.requests["kept_len"][slots] = lengths
-        return lengths, tau
+            curve=curve, attention=terms)
+        # step_time's sum, from the parts the walk read off the same curves
+        return lengths, tau, self.cost.overhead_s + linear + attention + self.cost.draft_time(lengths)
 
     def survival_batch(self, req_ids: Sequence[Hashable], drafts: BatchDrafts
                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -300,19 +282,14 @@ class AdaptiveLength:
         width = int(usable.max()) if len(usable) else 0
         conf = None
         if self.options.confidence != "off" and drafts.confidence is not None:
-            if _trim is not None:  # calibration, correction and products along each draft in one call
-                cal = self.calibrator
-                correction = self._correction(slots) if self.options.request_correction > 0 else None
-                surv, conf = _trim.calibrated_survival(drafts.confidence, drafts.offsets, usable, width, cal.trials,
-                                                       cal.successes, cal.prior_weight, correction)
-                return surv, usable, conf
-            conf = _dense(drafts.confidence, drafts.offsets, usable, width)
-            cond = self.calibrator.calibrate_dense(conf)
-            if self.options.request_correction > 0:
-                cond = np.clip(cond * self._correction(slots)[:, None], 0.0, 1.0)
-        else:
-            cond = self.history.conditional_batch(req_ids)[:, :width]
-        return np.cumprod(np.clip(cond, 0.0, 1.0), axis=1), usable, conf
+            # calibration, correction and products along each draft in one compiled call
+            cal = self.calibrator
+            correction = self._correction(slots) if self.options.request_correction > 0 else None
+            surv, conf = _trim.calibrated_survival(drafts.confidence, drafts.offsets, usable, width, cal.trials,
+                                                   cal.successes, cal.prior_weight, correction)
+            return surv, usable, conf
+        cond = self.history.conditional_batch(req_ids)[:, :width]
+        return np.cumprod(np.clip(cond, 0.0, 1.0), axis=1), usable, None
 
     def _correction(self, slots: np.ndarray) -> np.ndarray:
         # How each request's drafts fared against the calibrated prediction (requests differ: one copies
@@ -325,36 +302,16 @@ class AdaptiveLength:
     def observe_batch(self, req_ids: Sequence[Hashable], drafted: np.ndarray, accepted: np.ndarray) -> None:
         drafted = np.asarray(drafted, dtype=np.int64)
         accepted = np.asarray(accepted, dtype=np.int64)
-        if _observe is not None:  # history, calibrator and fits, one observation at a time, in one call
-            slots = self.requests.slots_of(req_ids)
-            cols, cal, hist = self.requests.columns, self.calibrator, self.history
-            _observe.observe_step(slots=slots, drafted=drafted, accepted=accepted, pooled_trials=hist.pooled_trials,
-                                  pooled_successes=hist.pooled_successes, trials=cols["trials"],
-                                  successes=cols["successes"], decay=hist.decay, pooled_decay=hist.pooled_decay,
-                                  kept=cols["kept"], kept_len=cols["kept_len"], cal_trials=cal.trials,
-                                  cal_successes=cal.successes, prior_weight=cal.prior_weight, cal_decay=cal.decay,
-                                  fit_ok=cols["fit_ok"], fit_predicted=cols["fit_predicted"],
-                                  fit_decay=self.options.history_decay)
-            return
-        self.history.observe_batch(req_ids, drafted, accepted)
-        slots, _ = self.requests.lookup(req_ids, create=False)
-        known = slots >= 0
-        kept_len = self.requests.gather("kept_len", slots, -1)
-        due = known & (kept_len == drafted) & (drafted > 0)
-        self.requests["kept_len"][slots[known]] = -1  # each kept draft is learnt from once
-        if not due.any():
-            return
-        idx = slots[due]
-        d_due, a_due = drafted[due], accepted[due]
-        conf = self.requests["kept"][idx, : int(d_due.max())]
-        h = self.options.history_decay
-        # Predicted accepted tokens of each verified draft: calibrated confidences of the positions tried.
-        tried = np.minimum(a_due + 1, d_due)
-        calibrated = self.calibrator.calibrate_dense(conf)
-        predicted = np.sum(np.where(np.arange(conf.shape[1])[None, :] < tried[:, None], calibrated, 0.0), axis=1)
-        self.requests["fit_ok"][idx] = h * self.requests["fit_ok"][idx] + a_due
-        self.requests["fit_predicted"][idx] = h * self.requests["fit_predicted"][idx] + predicted
-        self.calibrator.observe_dense(conf, d_due, a_due)
+        # history, calibrator and fits, one observation at a time, in one compiled call (policy/_observe.cpp)
+        slots = self.requests.slots_of(req_ids)
+        cols, cal, hist = self.requests.columns, self.calibrator, self.history
+        _observe.observe_step(slots=slots, drafted=drafted, accepted=accepted, pooled_trials=hist.pooled_trials,
+                              pooled_successes=hist.pooled_successes, trials=cols["trials"],
+                              successes=cols["successes"], decay=hist.decay, pooled_decay=hist.pooled_decay,
+                              kept=cols["kept"], kept_len=cols["kept_len"], cal_trials=cal.trials,
+                              cal_successes=cal.successes, prior_weight=cal.prior_weight, cal_decay=cal.decay,
+                              fit_ok=cols["fit_ok"], fit_predicted=cols["fit_predicted"],
+                              fit_decay=self.options.history_decay)
 
     # ---- per request (DraftLengthPolicy) ------------------------------------------------------------
 
@@ -414,6 +371,9 @@ class StepTimeFit:
         self.w = self.m = self.y = self.mm = self.my = 0.0  # decayed sums: weight, x, y, x^2, x*y
         self.ratio = 0.0  # decayed sum of the bounded measured / modelled ratios (scale = ratio / w)
         self.anchor: float | None = None  # the last slope the data measured (None: none yet)
+        # What offset() reads, fitted once per add (the policy reads it once per step): the slope b, the offset
+        # c, and whether the data (not the prior) set a slope, now or before.
+        self._b, self._c, self._measured = 1.0, 0.0, False
 
     @property
     def scale(self) -> float:
@@ -429,9 +389,12 @@ class StepTimeFit:
         self.y = d * self.y + y
         self.mm = d * self.mm + modelled * modelled
         self.my = d * self.my + modelled * y
-        moments = self._moments()
-        if moments[0] > moments[2]:  # the steps varied enough to measure the slope: remember it for when they stop
-            self.anchor = self._slope(*moments)
+        sxx, sxy, prior = self._moments()
+        if sxx > prior:  # the steps varied enough to measure the slope: remember it for when they stop
+            self.anchor = self._slope(sxx, sxy, prior)
+        self._b = self._slope(sxx, sxy, prior)
+        self._c = self.y / self.w / self._b - self.m / self.w
+        self._measured = sxx > prior or self.anchor is not None
 
     def _moments(self) -> tuple[float, float, float]:
         m_bar, y_bar = self.m / self.w, self.y / self.w
@@ -439,7 +402,7 @@ class StepTimeFit:
         return sxx, self.my - self.w * m_bar * y_bar, self.w * (self.shrink * m_bar) ** 2  # prior: ridge to anchor
 
     def slope(self) -> float:
-        return 1.0 if self.w == 0.0 else self._slope(*self._moments())
+        return self._b
 
     def _slope(self, sxx: float, sxy: float, prior: float) -> float:
         # Plain floats, not numpy scalars: this runs on every engine step, where np.clip alone costs 2 us.
@@ -451,20 +414,10 @@ class StepTimeFit:
     def offset(self, lowest: float = 0.0) -> float:
         if self.w < self.min_fits:
             return 0.0
-        sxx, sxy, prior = self._moments()
-        c = self.y / self.w / self._slope(sxx, sxy, prior) - self.m / self.w
-        if c < 0.0:
+        c = self._c
+        if c < 0.0 and not self._measured:
             # Below 0 only where the data, not the prior, set the slope (now or before): over steps that never
             # varied, a machine faster than its profile would otherwise read as dearer tokens.
-            lowest = lowest if sxx > prior or self.anchor is not None else 0.0
+            lowest = 0.0
         return max(c, lowest)
 
-
-def _dense(flat: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, width: int) -> np.ndarray:
-    """[n, width] matrix of each row's first lengths[r] values of a flat array (zeros after)."""
-    out = np.zeros((len(lengths), width))
-    if width:
-        j = np.arange(width)[None, :]
-        mask = j < lengths[:, None]
-        out[mask] = flat[(offsets[:-1, None] + j)[mask]]
-    return out

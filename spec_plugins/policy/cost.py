@@ -148,7 +148,7 @@ class RooflineCost(CostModel):
         self._linear_cache: dict[int, float] = {}
         self._linear_curve = np.zeros(0)  # linear_time(0), linear_time(1), ...: filled on demand, kept
         self._forward_cache: dict[int, float] = {}
-        self._attention_params: tuple | None = None
+        self._attention_curve = np.zeros(0)  # attention_curve: filled on demand, kept
 
     # -- linear layers ---------------------------------------------------------------------------
 
@@ -233,55 +233,48 @@ class RooflineCost(CostModel):
             self._linear_curve = np.concatenate([self._linear_curve, values[inverse.ravel()]])
         return self._linear_curve
 
-    def attention_params(self) -> tuple:
-        """What attention_time reads, for the allocator's compiled walk (policy/_trim.cpp), which applies the
-        same formula: (layers, kv_heads, head_dim, KV bytes, attention rate, byte rate, G, tile rows)."""
-        if self._attention_params is None:  # read every step by the policy
-            m, hw = self.model, self.hardware
-            self._attention_params = (float(m.layers), float(m.kv_heads), float(m.head_dim), float(self._kvbytes),
-                                      float(self._attn_rate), float(self._byte_rate), int(m.group_size),
-                                      int(hw.attention_tile_rows))
-        return self._attention_params
-
     # -- attention -------------------------------------------------------------------------------
 
     def attention_tiles(self, draft_len: int) -> int:
         """K/V tile loads per KV head: the G·(1 + D) query rows packed into attention tiles."""
         return -(-self.model.group_size * (1 + draft_len) // self.hardware.attention_tile_rows)
 
+    def attention_curve(self, size: int) -> np.ndarray:
+        """Attention seconds per context token of a request verifying D = 0, 1, ... draft rows: at least `size`
+        entries, computed once and kept. Per query tile the KV is read once and 4·head_dim FLOPs are done per
+        row and token, with the G·(1 + D) rows of each KV head on whole tiles; both grow with the context, so a
+        request's attention is its context length times this curve. The compiled walk (policy/_trim.cpp) reads
+        the same curve, so both price attention with the same numbers."""
+        have = len(self._attention_curve)
+        if size > have:
+            m, tile_rows = self.model, self.hardware.attention_tile_rows
+            d = np.arange(max(size, 2 * have, 64), dtype=np.int64)
+            tiles = (-(-m.group_size * (1 + d) // tile_rows)).astype(np.float64)
+            kv = 2.0 * m.kv_heads * m.head_dim * self._kvbytes * tiles
+            flops = 4.0 * m.kv_heads * tiles * tile_rows * m.head_dim
+            self._attention_curve = m.layers * np.maximum(flops / self._attn_rate, kv / self._byte_rate)
+        return self._attention_curve
+
     def attention_time(self, draft_len: int, context_len: int) -> float:
         """KV read once per query tile; FLOPs = 4·heads·head_dim·L·(1+D) with the rows on whole tiles."""
         if context_len <= 0:
             return 0.0
-        m = self.model
-        tiles = self.attention_tiles(draft_len)
-        kv = 2.0 * context_len * m.kv_heads * m.head_dim * self._kvbytes * tiles
-        # heads·(1+D) = kv_heads·G·(1+D) query rows, padded to kv_heads·tiles·tile_rows.
-        flops = 4.0 * m.kv_heads * tiles * self.hardware.attention_tile_rows * m.head_dim * context_len
-        return m.layers * max(flops / self._attn_rate, kv / self._byte_rate)
+        return float(context_len) * float(self.attention_curve(draft_len + 1)[draft_len])
 
     def attention_times(self, draft_lens: np.ndarray, context_lens: np.ndarray) -> np.ndarray:
-        """attention_time on arrays: the same operations in the same order, element by element."""
+        """attention_time on arrays: the same product of context length and curve, element by element."""
         d = np.asarray(draft_lens, dtype=np.int64)
         length = np.asarray(context_lens, dtype=np.int64)
-        m = self.model
-        tiles = -(-m.group_size * (1 + d) // self.hardware.attention_tile_rows)
-        kv = 2.0 * length * m.kv_heads * m.head_dim * self._kvbytes * tiles
-        flops = 4.0 * m.kv_heads * tiles * self.hardware.attention_tile_rows * m.head_dim * length
-        t = m.layers * np.maximum(flops / self._attn_rate, kv / self._byte_rate)
-        return np.where(length > 0, t, 0.0)
+        if d.size == 0:
+            return np.zeros(d.shape)
+        per_token = self.attention_curve(int(d.max()) + 1)[d]
+        return np.where(length > 0, length * per_token, 0.0)
 
     def attention_steps(self, draft_lens: np.ndarray, context_lens: np.ndarray) -> np.ndarray:
-        """attention_times(d + 1, L) - attention_times(d, L): one more draft row costs attention only when
-        it opens another query tile (the difference is exactly 0.0 otherwise), so only those are computed."""
+        """attention_times(d + 1, L) - attention_times(d, L): exactly 0.0 where one more draft row opens no
+        other query tile (the curve is flat there)."""
         d = np.asarray(draft_lens, dtype=np.int64)
-        g, rows = self.model.group_size, self.hardware.attention_tile_rows
-        opens = -(-g * (2 + d) // rows) != -(-g * (1 + d) // rows)
-        out = np.zeros(len(d))
-        if opens.any():
-            length = np.asarray(context_lens, dtype=np.int64)[opens]
-            out[opens] = self.attention_times(d[opens] + 1, length) - self.attention_times(d[opens], length)
-        return out
+        return self.attention_times(d + 1, context_lens) - self.attention_times(d, context_lens)
 
     # -- drafting --------------------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
-// Arithmetic the adaptive policy's compiled paths (_trim.cpp, _observe.cpp) share with its numpy path, so
-// that both compute the same values bit for bit.
+// Arithmetic the adaptive policy's compiled paths (_trim.cpp, _observe.cpp) share with the numpy code they
+// are checked against (ConfidenceCalibrator, tests/policy_reference.py), so that both compute the same values
+// bit for bit.
 #pragma once
 #include <cstddef>
 #include <cstdint>
