@@ -1,6 +1,6 @@
 """Host time of one drafting step at serving batch sizes, beside vLLM's own proposers, in one run.
 
-    python -m spec_plugins.bench.step_overhead [--batches 1,16,64,256] [--steps 30] [--k 16] [--json PATH]
+    python -m spec_plugins.bench.step_overhead [--batches 1,4,16,64,256] [--steps 30] [--k 16] [--json PATH]
 
 On a GPU the drafting step runs between two verification steps (vLLM's `custom_class` path is
 synchronous), so every microsecond here is added to the step. Each batch is B requests whose contexts
@@ -304,7 +304,7 @@ def print_table(rows: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m spec_plugins.bench.step_overhead", description=__doc__.split("\n")[0])
-    ap.add_argument("--batches", default="1,16,64,256", help="batch sizes (comma-separated)")
+    ap.add_argument("--batches", default="1,4,16,64,256", help="batch sizes (comma-separated)")
     ap.add_argument("--steps", type=int, default=30, help="timed steps per batch size")
     ap.add_argument("--warmup", type=int, default=5, help="untimed steps first")
     ap.add_argument("--k", type=int, default=16, help="num_speculative_tokens")
