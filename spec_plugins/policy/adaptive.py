@@ -280,7 +280,6 @@ class AdaptiveLength:
         p = self.options.max_positions
         usable = np.minimum(drafts.lengths, p)
         width = int(usable.max()) if len(usable) else 0
-        conf = None
         if self.options.confidence != "off" and drafts.confidence is not None:
             # calibration, correction and products along each draft in one compiled call
             cal = self.calibrator
@@ -371,9 +370,6 @@ class StepTimeFit:
         self.w = self.m = self.y = self.mm = self.my = 0.0  # decayed sums: weight, x, y, x^2, x*y
         self.ratio = 0.0  # decayed sum of the bounded measured / modelled ratios (scale = ratio / w)
         self.anchor: float | None = None  # the last slope the data measured (None: none yet)
-        # What offset() reads, fitted once per add (the policy reads it once per step): the slope b, the offset
-        # c, and whether the data (not the prior) set a slope, now or before.
-        self._b, self._c, self._measured = 1.0, 0.0, False
 
     @property
     def scale(self) -> float:
@@ -389,12 +385,9 @@ class StepTimeFit:
         self.y = d * self.y + y
         self.mm = d * self.mm + modelled * modelled
         self.my = d * self.my + modelled * y
-        sxx, sxy, prior = self._moments()
-        if sxx > prior:  # the steps varied enough to measure the slope: remember it for when they stop
-            self.anchor = self._slope(sxx, sxy, prior)
-        self._b = self._slope(sxx, sxy, prior)
-        self._c = self.y / self.w / self._b - self.m / self.w
-        self._measured = sxx > prior or self.anchor is not None
+        moments = self._moments()
+        if moments[0] > moments[2]:  # the steps varied enough to measure the slope: remember it for when they stop
+            self.anchor = self._slope(*moments)
 
     def _moments(self) -> tuple[float, float, float]:
         m_bar, y_bar = self.m / self.w, self.y / self.w
@@ -402,7 +395,7 @@ class StepTimeFit:
         return sxx, self.my - self.w * m_bar * y_bar, self.w * (self.shrink * m_bar) ** 2  # prior: ridge to anchor
 
     def slope(self) -> float:
-        return self._b
+        return 1.0 if self.w == 0.0 else self._slope(*self._moments())
 
     def _slope(self, sxx: float, sxy: float, prior: float) -> float:
         # Plain floats, not numpy scalars: this runs on every engine step, where np.clip alone costs 2 us.
@@ -414,10 +407,11 @@ class StepTimeFit:
     def offset(self, lowest: float = 0.0) -> float:
         if self.w < self.min_fits:
             return 0.0
-        c = self._c
-        if c < 0.0 and not self._measured:
+        sxx, sxy, prior = self._moments()
+        c = self.y / self.w / self._slope(sxx, sxy, prior) - self.m / self.w
+        if c < 0.0:
             # Below 0 only where the data, not the prior, set the slope (now or before): over steps that never
             # varied, a machine faster than its profile would otherwise read as dearer tokens.
-            lowest = 0.0
+            lowest = lowest if sxx > prior or self.anchor is not None else 0.0
         return max(c, lowest)
 

@@ -54,14 +54,12 @@ class VectorStepCost(StepCost, Protocol):
 
 @runtime_checkable
 class CurvedStepCost(VectorStepCost, Protocol):
-    """A modelled cost the compiled walk reads as curves (RooflineCost): the linear curve over rows, attention
-    seconds per context token by draft rows, and the attention one more draft row adds."""
+    """A modelled cost the compiled walk reads as curves (RooflineCost): the linear curve over rows and attention
+    seconds per context token by draft rows."""
 
     def linear_curve(self, size: int) -> np.ndarray: ...
 
     def attention_curve(self, size: int) -> np.ndarray: ...
-
-    def attention_steps(self, draft_lens: np.ndarray, context_lens: np.ndarray) -> np.ndarray: ...
 
 
 @runtime_checkable

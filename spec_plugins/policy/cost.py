@@ -270,12 +270,6 @@ class RooflineCost(CostModel):
         per_token = self.attention_curve(int(d.max()) + 1)[d]
         return np.where(length > 0, length * per_token, 0.0)
 
-    def attention_steps(self, draft_lens: np.ndarray, context_lens: np.ndarray) -> np.ndarray:
-        """attention_times(d + 1, L) - attention_times(d, L): exactly 0.0 where one more draft row opens no
-        other query tile (the curve is flat there)."""
-        d = np.asarray(draft_lens, dtype=np.int64)
-        return self.attention_times(d + 1, context_lens) - self.attention_times(d, context_lens)
-
     # -- drafting --------------------------------------------------------------------------------
 
     def _draft_forward(self, rows: int) -> float:
