@@ -40,15 +40,13 @@ def _cmd_demo(args: argparse.Namespace) -> None:
             policy_options = json.loads(args.policy_options)
         except json.JSONDecodeError as exc:
             raise ValueError(f"--policy-options: expected a JSON object ({exc.msg})") from None
-    from spec_plugins.demo import DEFAULT_POLICY_OPTIONS
     from spec_plugins.registry import create_policy
 
     for name in proposers:
         proposer, _, policy = name.partition("+")
         proposer_class(proposer)  # unknown names fail here, before any engine starts
         if policy:
-            options = policy_options if policy_options is not None else DEFAULT_POLICY_OPTIONS.get(policy, {})
-            create_policy(policy, options)
+            create_policy(policy, policy_options or {})
     native = [m.strip() for m in args.native.split(",") if m.strip()]
     from spec_plugins.demo import native_config
 
@@ -88,8 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="vLLM with and without speculation on real prompts: speed and identity")
     d.add_argument("--proposers", default=",".join(DEFAULT_PROPOSERS),
                    help="comma-separated proposer names; NAME+adaptive runs NAME under the adaptive draft-length policy")
-    d.add_argument("--policy-options", help="JSON options for the +POLICY runs (default for adaptive: "
-                   "'{\"profile\": \"vllm-cpu-smollm2-135m\"}', the measured CPU profile)")
+    d.add_argument("--policy-options", help="JSON options for the +POLICY runs (default: none; adaptive then "
+                   "takes its prior from the engine's device)")
     d.add_argument("--model", help="HF model folder (default: SmolLM2-135M-Instruct, converted on first use)")
     d.add_argument("--k", type=int, default=4, help="num_speculative_tokens (default 4)")
     d.add_argument("--max-tokens", type=int, default=128, help="output tokens per prompt (default 128)")

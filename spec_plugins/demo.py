@@ -31,11 +31,6 @@ class DemoRow:
     identical: bool
 
 
-# `--proposers suffix_tree+adaptive`: the proposer under the adaptive draft-length policy, costed
-# with the step-time profile measured for this engine (vLLM-CPU, SmolLM2-135M) unless told otherwise.
-DEFAULT_POLICY_OPTIONS = {"adaptive": {"profile": "vllm-cpu-smollm2-135m"}}
-
-
 def custom_class_config(proposer: str, k: int, policy_options: dict | None = None) -> tuple[dict, dict]:
     """The --speculative-config and --additional-config that serve `proposer` (or `proposer+policy`)."""
     spec = {"method": "custom_class", "model": "spec_plugins.vllm.SpecPluginsProposer", "num_speculative_tokens": k}
@@ -43,7 +38,8 @@ def custom_class_config(proposer: str, k: int, policy_options: dict | None = Non
     section: dict = {"proposer": name}
     if policy:
         section["policy"] = policy
-        section["policy_options"] = policy_options if policy_options is not None else DEFAULT_POLICY_OPTIONS.get(policy, {})
+        if policy_options:  # none: the adaptive policy takes its prior from the engine's device
+            section["policy_options"] = policy_options
     return spec, {"spec_plugins": section}
 
 

@@ -161,11 +161,13 @@ def test_methods_and_their_engine_configs():
     assert "decoding_type: UserProvided" in ada.trtllm_yaml() and "decoding_type: NGram" in configs[1].trtllm_yaml()
     assert sweep.parse_methods("spec_plugins:ngram", [2], None)[1].additional_config() == {
         "spec_plugins": {"proposer": "ngram"}}
+    # No options: the zero-option form, the policy's prior taken from the engine's device.
+    assert sweep.parse_methods("suffix_tree+adaptive", [4], None)[1].additional_config() == {
+        "spec_plugins": {"proposer": "suffix_tree", "policy": "adaptive"}}
 
 
 @pytest.mark.parametrize("methods,options,match", [
     ("nonsense", None, r"--methods nonsense: unknown"),
-    ("suffix_tree+adaptive", None, r"needs a step-cost model"),
     ("ngram+adaptive", {"hardware": "h200"}, r"drives our proposers, not vLLM's 'ngram'"),
     ("dflash:/no/such/dir", None, r"expected dflash:DIR"),
     (",", None, r"expected a comma-separated list"),
@@ -235,7 +237,7 @@ def test_adaptive_against_the_best_static_k_with_paired_rounds():
         reqs = [sweep.RequestResult("p", "c", ["a"], 10, 0.1, 1.0, 1, 1, 1)]
         return sweep.LoadResult(config, round_, 1, wall, reqs, 1, 0, 1)
 
-    configs = sweep.parse_methods("suffix_tree,suffix_tree+adaptive", [4, 8], {"profile": sweep.CPU_PROFILE})
+    configs = sweep.parse_methods("suffix_tree,suffix_tree+adaptive", [4, 8], {"profile": "vllm-cpu-smollm2-135m"})
     plan = sweep.SweepPlan("m", configs, [1], 3, 10, {})
     # Round 2 is slow for everyone; adaptive K<=8 is 5% ahead of static K=4 in every round, K=4 beats K=8.
     walls = {"suffix_tree K=4": [1.0, 2.0, 1.1], "suffix_tree K=8": [1.2, 2.4, 1.3],
@@ -265,7 +267,7 @@ def test_render_redoes_the_best_configs_from_results_json(tmp_path):
                                                        "max_tokens": 8, "rounds": 1, "rows": rows}))
     doc = sweep.render(tmp_path, [50, 100])
     assert [b["config"] for b in doc["best"]] == ["suffix_tree+adaptive K=8", "none"]
-    assert doc["best"][0]["additional_config"]["spec_plugins"]["policy_options"] == {"profile": sweep.CPU_PROFILE}
+    assert doc["best"][0]["additional_config"]["spec_plugins"] == {"proposer": "suffix_tree", "policy": "adaptive"}
     assert json.loads((tmp_path / "best_configs.json").read_text()) == doc["best"]
     with pytest.raises(ValueError, match="no readable results.json"):
         sweep.render(tmp_path / "nowhere", [1])

@@ -102,8 +102,8 @@ def main(argv: list[str] | None = None) -> int:
                                                           "may be empty beside --native)")
     ap.add_argument("--adaptive-k", type=int, default=16)
     ap.add_argument("--policy-options", action="append",
-                    help='JSON options of the adaptive policy (default {"profile": "vllm-cpu-smollm2-135m"}); '
-                         'repeat for one adaptive engine per set')
+                    help="JSON options of the adaptive policy (default {}: none, the prior chosen from the "
+                         "engine's device); repeat for one adaptive engine per set")
     ap.add_argument("--proposer-options", action="append",
                     help="JSON options of the proposer of the adaptive engines (default: its defaults); repeat for one "
                          "adaptive engine per set (and per --policy-options set)")
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         native_k = [int(k) for k in args.native_k.split(",") if k.strip()]
         if natives and (not native_k or min(native_k) < 1):
             raise ValueError(f"--native-k: expected integers >= 1, got {args.native_k!r}")
-        policy_options = [json.loads(o) for o in args.policy_options or ['{"profile": "vllm-cpu-smollm2-135m"}']]
+        policy_options = [json.loads(o) for o in args.policy_options or ["{}"]]
         from spec_plugins.registry import create_policy, proposer_class
 
         proposer = proposer_class(args.proposer)

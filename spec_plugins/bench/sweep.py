@@ -48,7 +48,6 @@ from spec_plugins.bench.workloads import Prompt, load_workload
 
 FORMAT = "spec-plugins-sweep/1"
 NATIVE = ("ngram", "suffix")
-CPU_PROFILE = "vllm-cpu-smollm2-135m"  # the measured step costs the adaptive policy uses for SmolLM2 on CPU
 WARMUP_PROMPT = "Name three colours."  # a prompt of its own: warming up on a timed one would help proposers that remember
 
 
@@ -92,7 +91,9 @@ class Config:
         proposer = self.method.removesuffix("+adaptive").removeprefix("spec_plugins:")
         section: dict[str, Any] = {"proposer": proposer}
         if self.adaptive:
-            section.update(policy="adaptive", policy_options=dict(self.policy_options))
+            section["policy"] = "adaptive"
+            if self.policy_options:  # none: the policy takes its prior from the engine's device
+                section["policy_options"] = dict(self.policy_options)
         return {"spec_plugins": section}
 
     def serve_args(self) -> list[str]:
@@ -148,9 +149,6 @@ def parse_methods(methods: str, draft_lengths: Sequence[int], policy_options: di
         elif base not in NATIVE and base.removeprefix("spec_plugins:") not in ours:
             raise ValueError(f"--methods {m}: unknown; expected none, {', '.join(NATIVE)}, dflash:DIR, or one of "
                              f"our proposers ({', '.join(sorted(ours))}, with +adaptive for the adaptive policy)")
-        if m.endswith("+adaptive") and not policy_options:
-            raise ValueError(f"--methods {m}: the adaptive policy needs a step-cost model: --policy-options "
-                             "'{\"hardware\": \"h200\"}' or '{\"profile\": PATH}' (spec-plugins profile)")
         options = tuple(sorted((policy_options or {}).items())) if m.endswith("+adaptive") else ()
         out += [Config(m, k, options) for k in draft_lengths]
     return out
@@ -526,7 +524,7 @@ def render(out: Path, targets: Sequence[float]) -> dict:
         raise ValueError(f"--render {out}: no readable results.json ({exc})") from None
     if doc.get("format") != FORMAT:
         raise ValueError(f"--render {out}: {path} is not a sweep result (format {doc.get('format')!r})")
-    options = tuple(sorted((doc.get("policy_options") or {"profile": CPU_PROFILE}).items()))
+    options = tuple(sorted((doc.get("policy_options") or {}).items()))
     configs = {}
     for r in doc["rows"]:
         adaptive = r["method"].endswith("+adaptive")
@@ -582,8 +580,8 @@ def add_sweep_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--per-slice", type=int, help="prompts per (round, concurrency) (default: the workload split evenly)")
     p.add_argument("--tpot-ms", default="", help="latency targets: the best configuration for each (comma-separated ms)")
-    p.add_argument("--policy-options", help="JSON options of the adaptive policy (default for smollm2 on CPU: the "
-                   f"measured profile {CPU_PROFILE!r})")
+    p.add_argument("--policy-options", help="JSON options of the adaptive policy (default: none, the prior taken "
+                   "from the engine's device and corrected by its measured steps)")
     p.add_argument("--serve-args", default="--dtype float32 --max-model-len 2048 --enforce-eager --seed 0",
                    help="extra `vllm serve` arguments for every configuration")
     p.add_argument("--url", help="a running OpenAI-compatible server to measure instead (one method only)")
@@ -628,9 +626,7 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
         model = str(smollm2_path())
     elif not Path(model).is_dir():
         raise ValueError(f"--model {args.model}: expected 'smollm2' or a model folder")
-    options = json.loads(args.policy_options) if args.policy_options else None
-    if options is None and args.model == "smollm2":
-        options = {"profile": CPU_PROFILE}
+    options = json.loads(args.policy_options) if args.policy_options else {}
     configs = parse_methods(args.methods, ks, options)
     if args.url and len(configs) > 1:
         raise ValueError("--url: measures the one server it names; give --methods with one method and one K "
