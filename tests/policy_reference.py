@@ -442,6 +442,16 @@ def numpy_history_observe(hist: Any, req_ids: Sequence[Hashable], drafted: np.nd
         col[slots] = rows
 
 
+def no_draft_step_time(cost: StepCost, context_lens: np.ndarray) -> float:
+    """Modelled seconds of a step whose requests draft nothing: the cost model's own step_time where it has one,
+    else a plain StepCost's parts."""
+    n = len(context_lens)
+    if hasattr(cost, "step_time"):
+        return cost.step_time(np.zeros(n, np.int64), context_lens)
+    return (cost.overhead_s + cost.linear_time(n) + sum(cost.attention_time(0, int(c)) for c in context_lens)
+            + cost.draft_time([0] * n))
+
+
 def _dense(flat: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, width: int) -> np.ndarray:
     """[n, width] matrix of each row's first lengths[r] values of a flat array (zeros after)."""
     out = np.zeros((len(lengths), width))
@@ -469,6 +479,8 @@ class NumpyAdaptive(AdaptiveLength):
         return np.cumprod(np.clip(cond, 0.0, 1.0), axis=1), usable, conf
 
     def _trim_step(self, slots, drafts, search, context, curves, extra):
+        if extra < 0.0:
+            extra = max(extra, -self.options.max_offset_cut * no_draft_step_time(self.cost, context))
         req_ids = [self.requests.id_at(int(s)) for s in slots]
         surv, usable, conf = self._survival(req_ids, slots, drafts)
         lengths = self.walk(surv, usable, context, self.cost, search=search, drafted=drafts.lengths,
@@ -481,7 +493,7 @@ class NumpyAdaptive(AdaptiveLength):
         else:
             self.requests["kept"][slots, : conf.shape[1]] = conf
             self.requests["kept_len"][slots] = lengths
-        return lengths, tau, self.cost.step_time(lengths, context)
+        return lengths, tau, self.cost.step_time(lengths, context), extra
 
     def observe_batch(self, req_ids, drafted, accepted):
         drafted = np.asarray(drafted, dtype=np.int64)

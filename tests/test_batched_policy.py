@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from policy_reference import (NumpyAdaptive, ReferenceAdaptive, ReferenceCalibrator, ReferenceHistory,
-                              numpy_allocate_batch, numpy_history_observe, numpy_verify_times, reference_allocate)
+                              no_draft_step_time, numpy_allocate_batch, numpy_history_observe, numpy_verify_times,
+                              reference_allocate)
 from spec_plugins.core import Draft, DraftRequest
 from spec_plugins.policy.acceptance import ConfidenceCalibrator, HistoryEstimator, survival
 from spec_plugins.policy.adaptive import AdaptiveLength
@@ -283,6 +284,46 @@ def test_one_call_trim_and_observe_equal_the_compiled_pieces(name, cost):
         np.testing.assert_array_equal(fast.calibrator.trials, slow.calibrator.trials)
         np.testing.assert_array_equal(fast.calibrator.successes, slow.calibrator.successes)
         np.testing.assert_array_equal(fast.history.pooled_trials, slow.history.pooled_trials)
+
+
+class FixedOffset:
+    """A step-time fit whose offset is given (what AdaptiveLength reads of StepTimeFit each step)."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def offset(self, lowest=0.0):
+        return max(self.seconds, lowest)
+
+
+@pytest.mark.parametrize("name,cost", list(costs()) + [("measured-cpu-contexts", MeasuredCost(str(CPU_CONTEXTS)))],
+                         ids=lambda x: x if isinstance(x, str) else "")
+def test_a_negative_offset_is_bounded_by_the_step_without_drafts_as_the_numpy_twin_bounds_it(name, cost):
+    """The compiled trim bounds a negative fitted offset by max_offset_cut of the step with no drafts, read off the
+    cost curves; the numpy twin bounds it with the cost model's step time (a plain StepCost, which has no numpy twin
+    of its step, is checked against the bound alone). Same lengths, same modelled time."""
+    from spec_plugins.core import BatchDrafts, DraftBatch
+
+    rng = np.random.default_rng(29)
+    n = 24
+    lengths = rng.integers(0, 17, size=n)
+    offsets = np.concatenate(([0], np.cumsum(lengths)))
+    drafts = BatchDrafts(np.zeros(int(offsets[-1]), dtype=np.int64), offsets, rng.beta(3, 1, size=int(offsets[-1])))
+    batch = DraftBatch([f"r{i}" for i in range(n)], [[1]] * n, rng.integers(1, 5000, size=n),
+                       np.ones(n, dtype=np.int64), np.full(n, 16))
+    bounded = []
+    for seconds in (-1e3, -1e-9, 0.0, 2e-3):  # far below the bound, just below 0, none, above 0
+        fast = AdaptiveLength(cost=cost, max_offset_cut=0.5)
+        fast.step_fit = FixedOffset(seconds)
+        got = fast.trim_batch(batch, drafts)
+        if hasattr(cost, "step_time"):
+            slow = NumpyAdaptive(cost=cost, max_offset_cut=0.5)
+            slow.step_fit = fast.step_fit
+            assert got.tolist() == slow.trim_batch(batch, drafts).tolist(), seconds
+            assert fast._time == pytest.approx(slow._time, rel=1e-12), seconds
+        bounded.append(fast._time - fast._last_modelled)  # the offset the step paid
+    assert bounded[0] == pytest.approx(-0.5 * no_draft_step_time(cost, batch.context_lens), rel=1e-12)
+    assert bounded[1:] == pytest.approx([-1e-9, 0.0, 2e-3], abs=1e-15)
 
 
 def test_the_walks_ranking_is_numpys_stable_argsort():

@@ -325,12 +325,17 @@ using i64_out = spec_plugins::CArray<std::int64_t, py::array::c_style>;
 //   the walk  (walk_into) over the cost curve and attention;
 //   the store of each request's kept raw confidences and length (kept, kept_len at its slot; -1 without
 //             confidences), which its next observation learns from.
-// Returns (lengths [n], expected tokens of the kept drafts, linear seconds, attention seconds): what the
-// policy's long-run rate adds up. The arithmetic is the numpy twin's (tests/policy_reference.py, NumpyAdaptive).
+// The seconds every step pays whatever is kept are overhead + offset + draft_seconds, where a negative offset (the
+// measured steps' fit: verified tokens dearer than modelled) is bounded by offset_cut times the step with no
+// drafts, read off the same curves.
+// Returns (lengths [n], expected tokens of the kept drafts, linear seconds, attention seconds, the offset as
+// bounded): what the policy's long-run rate adds up. The arithmetic is the numpy twin's
+// (tests/policy_reference.py, NumpyAdaptive).
 py::tuple trim_step(py::object conf_obj, i64 offsets, i64 drafted, py::object history_obj, i64 slots, f64 cal_trials,
                     f64 cal_successes, double prior_weight, f64 fit_ok, f64 fit_predicted, double correction_k,
-                    f64_out kept, i64_out kept_len, double sunk, bool greedy, double min_gain, py::object rate_obj,
-                    long long budget, f64 curve, py::object attention_obj) {
+                    f64_out kept, i64_out kept_len, double overhead, double draft_seconds, double offset,
+                    double offset_cut, bool greedy, double min_gain, py::object rate_obj, long long budget, f64 curve,
+                    py::object attention_obj) {
   const py::ssize_t n = drafted.size();
   if (offsets.size() != n + 1 || slots.size() != n) throw py::value_error("trim: one offset (plus one) and slot per draft");
   if (kept.ndim() != 2 || kept_len.size() != kept.shape(0) || fit_ok.size() != kept.shape(0) ||
@@ -396,6 +401,18 @@ py::tuple trim_step(py::object conf_obj, i64 offsets, i64 drafted, py::object hi
   }
   Extras extras;
   read_extras(attention_obj, extras, n);
+  if (offset < 0.0) {  // the step with no drafts: the curve at n rows and each request's attention at 0 draft rows
+    if (curve.shape(0) <= n) throw py::value_error("allocate: the cost curve is shorter than the rows of this step");
+    double base = overhead + curve.data()[n];
+    if (extras.has_attention) {
+      if (extras.att.len < 1) throw py::value_error("allocate: the attention terms are shorter than the drafts");
+      for (py::ssize_t r = 0; r < n; ++r) base += extras.att.at(r, 0);
+    } else if (extras.has_contexts) {
+      base += extras.cc.base;
+    }
+    offset = std::max(offset, -offset_cut * base);
+  }
+  const double sunk = overhead + offset + draft_seconds;
   const Search q{sunk, greedy, min_gain, !rate_obj.is_none(), rate_obj.is_none() ? 0.0 : rate_obj.cast<double>(), budget};
   i64 out(n);
   std::int64_t* len = out.mutable_data();
@@ -432,7 +449,7 @@ py::tuple trim_step(py::object conf_obj, i64 offsets, i64 drafted, py::object hi
       kl[sl[r]] = -1;
     }
   }
-  return py::make_tuple(out, tau, linear, attention);
+  return py::make_tuple(out, tau, linear, attention, offset);
 }
 
 }  // namespace
@@ -444,9 +461,9 @@ PYBIND11_MODULE(_trim, m) {
         py::arg("correction"));
   m.def("trim_step", &trim_step, py::arg("conf"), py::arg("offsets"), py::arg("drafted"), py::arg("history"),
         py::arg("slots"), py::arg("cal_trials"), py::arg("cal_successes"), py::arg("prior_weight"), py::arg("fit_ok"),
-        py::arg("fit_predicted"), py::arg("correction_k"), py::arg("kept"), py::arg("kept_len"), py::arg("sunk"),
-        py::arg("greedy"), py::arg("min_gain"), py::arg("rate"), py::arg("budget"), py::arg("curve"),
-        py::arg("attention"));
+        py::arg("fit_predicted"), py::arg("correction_k"), py::arg("kept"), py::arg("kept_len"), py::arg("overhead"),
+        py::arg("draft_seconds"), py::arg("offset"), py::arg("offset_cut"), py::arg("greedy"), py::arg("min_gain"),
+        py::arg("rate"), py::arg("budget"), py::arg("curve"), py::arg("attention"));
   m.def("ranking", [](std::vector<double> gain) { return descending_stable(gain); },
         "The order the walk reads candidates in: numpy's argsort(-gain, kind='stable') for gains > 0.");
   m.def("walk", &walk, py::arg("survival"), py::arg("lengths"), py::arg("sunk"), py::arg("greedy"),

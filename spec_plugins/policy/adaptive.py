@@ -205,10 +205,9 @@ class AdaptiveLength:
         n = len(drafted)
         tokens = len(drafts.tokens)  # bounds the longest draft without reading the lengths
         curves = self._curve_source()(n, n + tokens + 1, context, min(tokens, self.options.max_positions))
-        extra = self.step_fit.offset(lowest=-np.inf)
-        if extra < 0.0:
-            extra = max(extra, -self.options.max_offset_cut * self.cost.step_time(np.zeros(n, np.int64), context))
-        lengths, tau, step = self._trim_step(slots, drafts, search, context, curves, extra)
+        # The fitted offset, bounded below by max_offset_cut of the step with no drafts where it is negative
+        lengths, tau, step, extra = self._trim_step(slots, drafts, search, context, curves,
+                                                    self.step_fit.offset(lowest=-np.inf))
         # The long-run goodput the allocator weighs tokens against: modelled, over recent steps.
         d = self.options.rate_decay
         self._tau = d * self._tau + tau
@@ -249,25 +248,26 @@ class AdaptiveLength:
     def _trim_step(self, slots: np.ndarray, drafts: BatchDrafts, search: str, context: np.ndarray,
                    curves: tuple, extra: float) -> tuple:
         """Survival, walk and bookkeeping in one compiled call (policy/_trim.cpp): (lengths, expected tokens,
-        modelled seconds) of the step, each request's kept confidences stored (tests/policy_reference.py: the
-        same step in numpy)."""
+        modelled seconds, the offset `extra` as bounded by max_offset_cut) of the step, each request's kept
+        confidences stored (tests/policy_reference.py: the same step in numpy)."""
         cols, cal, o = self.requests.columns, self.calibrator, self.options
         with_conf = o.confidence != "off" and drafts.confidence is not None
         h = self.history
         history = None if with_conf else (h.pooled_trials, h.pooled_successes, h.pooled_prior, h.pooled_prior_weight,
                                           cols["trials"], cols["successes"], h.request_prior_weight)
         curve, terms = curves
-        lengths, tau, linear, attention = _trim.trim_step(
+        lengths, tau, linear, attention, extra = _trim.trim_step(
             conf=drafts.confidence if with_conf else None, offsets=drafts.offsets, drafted=drafts.lengths,
             history=history, slots=slots, cal_trials=cal.trials, cal_successes=cal.successes,
             prior_weight=cal.prior_weight, fit_ok=cols["fit_ok"], fit_predicted=cols["fit_predicted"],
             correction_k=o.request_correction, kept=cols["kept"], kept_len=cols["kept_len"],
-            sunk=self.cost.overhead_s + extra + self.cost.draft_time(drafts.lengths), greedy=search == "greedy",
+            overhead=self.cost.overhead_s, draft_seconds=self.cost.draft_time(drafts.lengths), offset=extra,
+            offset_cut=o.max_offset_cut, greedy=search == "greedy",
             min_gain=o.min_gain, rate=self._rate(),
             budget=-1 if o.max_draft_tokens_per_step is None else o.max_draft_tokens_per_step,
             curve=curve, attention=terms)
         # step_time's sum, from the parts the walk read off the same curves
-        return lengths, tau, self.cost.overhead_s + linear + attention + self.cost.draft_time(lengths)
+        return lengths, tau, self.cost.overhead_s + linear + attention + self.cost.draft_time(lengths), extra
 
     def survival_batch(self, req_ids: Sequence[Hashable], drafts: BatchDrafts
                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
