@@ -272,3 +272,57 @@ def test_suffix_tree_traces_record_the_kind_and_calibrate(tmp_path, tok_dir, wor
     by_kind = sum(r["tries"] for r in rows if r["kind"] != "all" and r["positions"] == "all")
     assert by_kind == total["tries"]
     assert (tmp_path / "c.png").stat().st_size > 5_000
+
+
+def test_interleaved_walk_replays_what_one_at_a_time_does_where_no_request_sees_another(rows) -> None:
+    """One in flight: the sequential walk exactly. Several: a proposer without a cross-request cache (n-gram, the
+    suffix tree with its global tree off) drafts each request as alone, and the protocol holds per request."""
+    for name, opts in (("suffix_tree", {}), ("ngram", {}), ("suffix_tree", {"max_cached_requests": 0})):
+        sequential = replay.make_proposer(name, opts)
+        alone = [walk(sequential, row, K) for row in rows]
+        one = replay.walk_interleaved(replay.make_proposer(name, opts), rows, K, concurrency=1)
+        assert [(w.pos, w.drafted, w.accepted, w.confidence) for w in one] == \
+               [(w.pos, w.drafted, w.accepted, w.confidence) for w in alone]
+        if name == "ngram" or opts:
+            many = replay.walk_interleaved(replay.make_proposer(name, opts), rows, K, concurrency=3)
+            assert [(w.pos, w.drafted, w.accepted) for w in many] == [(w.pos, w.drafted, w.accepted) for w in alone]
+    class BatchRecorder(Recorder):
+        def propose(self, requests):
+            self.widest = max(getattr(self, "widest", 0), len(requests))
+            return super().propose(requests)
+
+    rec = BatchRecorder()
+    walks = replay.walk_interleaved(rec, rows, K, concurrency=3)
+    assert rec.widest == 3 and sorted(rec.finished) == sorted(r.id for r in rows)
+    for w, row in zip(walks, rows):
+        assert len(rec.seen[row.id]) == row.prompt.size + w.pos[-1]
+
+
+def test_interleaved_walk_lets_in_flight_caching_help() -> None:
+    """Two in flight: a random response A beside a short filler, then a copy of A, which starts when the filler
+    ends and A is part way. With cache_in_flight the copy drafts from A's partial response and takes fewer steps;
+    with only finished responses cached it cannot (A is not finished), and random text drafts nothing else."""
+    rng = np.random.default_rng(5)
+    text = rng.integers(0, 1000, size=200).astype(np.int32)
+    order = [Row("a", rng.integers(0, 1000, size=8).astype(np.int32), text),
+             Row("filler", rng.integers(0, 1000, size=8).astype(np.int32), rng.integers(0, 1000, size=30).astype(np.int32)),
+             Row("copy", rng.integers(0, 1000, size=8).astype(np.int32), text)]
+    plain = replay.walk_interleaved(replay.make_proposer("suffix_tree", {}), order, K, concurrency=2)
+    shared = replay.walk_interleaved(replay.make_proposer("suffix_tree", {"cache_in_flight": True}), order, K,
+                                     concurrency=2)
+    # A is ~30 tokens ahead when the copy starts: with A's partial response the copy catches up in drafts of K;
+    # without it, one token a step (random text, nothing else to draft from) until A finishes.
+    def steps_to(w, position):
+        return next(k for k, p in enumerate(w.pos) if p >= position)
+
+    assert steps_to(shared[2], 25) <= 10 and steps_to(plain[2], 25) >= 20
+
+
+def test_cli_concurrency(tmp_path, tok_dir, workload) -> None:
+    out = tmp_path / "out.json"
+    assert replay.main(["--workload", str(workload), "--proposers", "ngram", "--tokenizer", str(tok_dir),
+                        "--concurrency", "2", "--json", str(out), "--no-progress"]) == 0
+    report = json.loads(out.read_text())
+    assert report["config"]["concurrency"] == 2 and report["proposers"]["ngram"]["requests"] == len(TEXTS)
+    assert replay.main(["--workload", str(workload), "--concurrency", "0", "--no-progress"]) == 2
+    assert replay.main(["--workload", str(workload), "--concurrency", "2", "--batched", "--no-progress"]) == 2

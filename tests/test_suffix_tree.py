@@ -1,8 +1,8 @@
 """The suffix-tree proposer against brute-force oracles.
 
 The oracle counts every substring (length <= max_depth) of the stored sequences directly and builds
-drafts from those counts: follow the most frequent continuation (ties: most recent occurrence, or
-smaller token id), probability = product of count(child) / count(parent), stop below min_token_prob
+drafts from those counts: follow the most frequent continuation (ties: most recent occurrence),
+probability = product of count(child) / count(parent), stop below min_token_prob
 or at the per-match budget floor(factor * match_len + offset); over match lengths keep the highest
 score (sum of probabilities), ties to the longer match; the global tree replaces the per-request
 draft only with a strictly higher score.
@@ -51,16 +51,13 @@ class Table:
                         self.newest[s] = (order, i)
         self.alphabet = sorted(alphabet)
 
-    def follow(self, s: tuple, room: int, min_prob: float, tie: str):
+    def follow(self, s: tuple, room: int, min_prob: float):
         toks, probs, p, score = [], [], 1.0, 0.0
         while len(toks) < room:
             kids = [s + (c,) for c in self.alphabet if s + (c,) in self.count]
             if not kids:
                 break
-            if tie == "recent":
-                best = max(kids, key=lambda k: (self.count[k], self.newest[k]))
-            else:
-                best = max(kids, key=lambda k: (self.count[k], -k[-1]))
+            best = max(kids, key=lambda k: (self.count[k], self.newest[k]))
             p *= self.count[best] / self.count[s]
             if p < min_prob:
                 break
@@ -70,14 +67,14 @@ class Table:
             s = best
         return toks, probs, score
 
-    def draft(self, ctx, max_tokens, factor, offset, min_prob, tie):
+    def draft(self, ctx, max_tokens, factor, offset, min_prob):
         best = ([], [], 0.0, 0)
         for L in range(1, min(len(ctx), self.depth - 1) + 1):
             s = tuple(ctx[len(ctx) - L :])
             if s not in self.count:
                 break
             budget = max(0, min(max_tokens, math.floor(L * factor + offset + 1e-6)))
-            toks, probs, score = self.follow(s, min(budget, self.depth - L), min_prob, tie)
+            toks, probs, score = self.follow(s, min(budget, self.depth - L), min_prob)
             if toks and score >= best[2]:
                 best = (toks, probs, score, L)
         return best
@@ -172,11 +169,11 @@ class RefCopier:
         return toks, probs, s, self.len if toks else 0
 
 
-def oracle_draft(local: list[int], cached: list[tuple[int, list[int]]], depth, max_tokens, spec, tie, copy=None):
+def oracle_draft(local: list[int], cached: list[tuple[int, list[int]]], depth, max_tokens, spec, copy=None):
     factor, offset, min_prob = spec
-    best = Table([(0, local)], depth).draft(local, max_tokens, factor, offset, min_prob, tie)
+    best = Table([(0, local)], depth).draft(local, max_tokens, factor, offset, min_prob)
     if cached:
-        other = Table(cached, depth).draft(local, max_tokens, factor, offset, min_prob, tie)
+        other = Table(cached, depth).draft(local, max_tokens, factor, offset, min_prob)
         best = other if other[2] > best[2] else best
     return best if copy is None else with_copy(best, RefCopier(local, depth, copy), max_tokens)
 
@@ -244,7 +241,6 @@ spec_params = st.tuples(
 @SETTINGS
 @given(
     depth=st.integers(1, 9),
-    tie=st.sampled_from(["recent", "token"]),
     ops=st.lists(
         st.one_of(
             st.tuples(st.just("add"), st.integers(0, 0), tokens),
@@ -255,8 +251,8 @@ spec_params = st.tuples(
     ),
     queries=st.lists(st.tuples(tokens, st.integers(0, 10), spec_params), min_size=1, max_size=4),
 )
-def test_tree_matches_oracle(depth, tie, ops, queries):
-    tree = _testing.SuffixTree(depth, tie)
+def test_tree_matches_oracle(depth, ops, queries):
+    tree = _testing.SuffixTree(depth)
     live: list[list] = []  # [handle, order, tokens], oldest first
     order = 0
     for kind, idx, toks in ops:
@@ -284,7 +280,7 @@ def test_tree_matches_oracle(depth, tie, ops, queries):
     for ctx, max_tokens, (factor, offset, min_prob) in queries:
         for c in [ctx] + [x[: len(x) // 2] for _, x in seqs[:2]]:
             got = tree.speculate(c, max_tokens, factor, offset, min_prob)
-            want = table.draft(c, max_tokens, factor, offset, min_prob, tie) if seqs else ([], [], 0.0, 0)
+            want = table.draft(c, max_tokens, factor, offset, min_prob) if seqs else ([], [], 0.0, 0)
             same(got, want)
 
 
@@ -323,7 +319,6 @@ def check_repeat(tree, live, entry, depth, exact_oldest):
     depth=st.integers(2, 8),
     max_cached=st.integers(0, 3),
     in_flight=st.booleans(),
-    tie=st.sampled_from(["recent", "token"]),
     spec=spec_params,
     copy=copy_params,
     ops=st.lists(
@@ -332,9 +327,9 @@ def check_repeat(tree, live, entry, depth, exact_oldest):
     ),
     max_tokens=st.integers(0, 8),
 )
-def test_cache_matches_oracle(depth, max_cached, in_flight, tie, spec, copy, ops, max_tokens):
+def test_cache_matches_oracle(depth, max_cached, in_flight, spec, copy, ops, max_tokens):
     factor, offset, min_prob = spec
-    core = _core.SuffixCache(depth, max_cached, in_flight, tie, factor, offset, min_prob, **core_copy_args(copy))
+    core = _core.SuffixCache(depth, max_cached, in_flight, factor, offset, min_prob, **core_copy_args(copy))
     active: dict[int, dict] = {}  # key -> {"tokens", "prompt", "slot"}
     cached: list[dict] = []  # global sequences, oldest first: {"order", "tokens", "owner"}
     order = 0
@@ -374,7 +369,7 @@ def test_cache_matches_oracle(depth, max_cached, in_flight, tie, spec, copy, ops
         assert core.num_cached == len(cached) and core.num_active == len(active)
         for k, req in active.items():
             want = oracle_draft(
-                req["tokens"], [(c["order"], c["tokens"]) for c in cached], depth, max_tokens, spec, tie, copy
+                req["tokens"], [(c["order"], c["tokens"]) for c in cached], depth, max_tokens, spec, copy
             )
             same(core.speculate(k, max_tokens), want)
             if copy is not None:
@@ -403,7 +398,7 @@ def test_propose_follows_the_request_lifecycle(prompt, steps, as_array):
         req = DraftRequest("r", seen, num_new=len(ctx) if i == 0 else len(new), max_draft=cap)
         (draft,) = p.propose([req])
         check_drafts([req], [draft])
-        want = oracle_draft(ctx, [(0, [0, 1, 2])], 8, cap, (1.0, 0.0, 0.1), "recent", COPY_DEFAULTS)
+        want = oracle_draft(ctx, [(0, [0, 1, 2])], 8, cap, (1.0, 0.0, 0.1), COPY_DEFAULTS)
         # Draft.confidence is conditional per position: the oracle's path probabilities, divided stepwise.
         assert draft.tokens == want[0] and draft.confidence == _conditional(want[1]) and draft.probs is None
     p.finish("r")
@@ -483,7 +478,7 @@ def test_drafts_are_deterministic_across_instances():
     seqs = [[rng.randrange(6) for _ in range(300)] for _ in range(5)]
     outs = []
     for _ in range(2):
-        p = SuffixTreeProposer(max_depth=24, max_cached_requests=3, tie_break="recent")
+        p = SuffixTreeProposer(max_depth=24, max_cached_requests=3)
         for i, s in enumerate(seqs):
             p.start(i, s[:100])
             p.append(i, s[100:])
@@ -622,9 +617,9 @@ def test_copy_drafts_off_is_the_count_model():
     for q in (on, off):
         q.start("a", x[:30])
         q.append("a", x[30:])
-    want = oracle_draft(x, [], 12, 6, (1.0, 0.0, 0.1), "recent")
+    want = oracle_draft(x, [], 12, 6, (1.0, 0.0, 0.1))
     same(off.speculate("a", 6), want)
-    same(on.speculate("a", 6), oracle_draft(x, [], 12, 6, (1.0, 0.0, 0.1), "recent", COPY_DEFAULTS))
+    same(on.speculate("a", 6), oracle_draft(x, [], 12, 6, (1.0, 0.0, 0.1), COPY_DEFAULTS))
 
 
 # ---- bounded memory -----------------------------------------------------------------------------

@@ -65,9 +65,9 @@ CopyParams check_copy(bool on, double min_prob, long long window, long long near
 
 class PyCache {
  public:
-  PyCache(long long max_depth, long long max_cached, bool cache_active, const std::string& tie, double factor,
-          double offset, double min_prob, const CopyParams& copy)
-      : cache_(make_options(max_depth, max_cached, cache_active, tie, factor, offset, min_prob, copy)) {}
+  PyCache(long long max_depth, long long max_cached, bool cache_active, double factor, double offset,
+          double min_prob, const CopyParams& copy)
+      : cache_(make_options(max_depth, max_cached, cache_active, factor, offset, min_prob, copy)) {}
 
   void start(long long key, py::handle prompt) {
     quiet();
@@ -302,16 +302,14 @@ class PyCache {
 
  private:
   std::vector<Draft> drafts_;
-  static CacheOptions make_options(long long max_depth, long long max_cached, bool cache_active,
-                                   const std::string& tie, double factor, double offset, double min_prob,
-                                   const CopyParams& copy) {
+  static CacheOptions make_options(long long max_depth, long long max_cached, bool cache_active, double factor,
+                                   double offset, double min_prob, const CopyParams& copy) {
     if (max_cached < 0 || max_cached > 0x7fffffffLL)
       throw py::value_error("max_cached_requests: expected an integer in [0, 2**31), got " + std::to_string(max_cached));
     CacheOptions o;
     o.max_depth = check_depth(max_depth);
     o.max_cached = max_cached;
     o.cache_active = cache_active;
-    o.tie = parse_tie(tie);
     o.spec = check_params(factor, offset, min_prob);
     o.copy = copy;
     return o;
@@ -347,7 +345,6 @@ PYBIND11_MODULE(_core, m) {
   defaults["max_depth"] = d.max_depth;
   defaults["max_cached_requests"] = d.max_cached;
   defaults["cache_in_flight"] = d.cache_active;
-  defaults["tie_break"] = tie_name(d.tie);
   defaults["max_spec_factor"] = d.spec.factor;
   defaults["max_spec_offset"] = d.spec.offset;
   defaults["min_token_prob"] = d.spec.min_prob;
@@ -365,18 +362,18 @@ PYBIND11_MODULE(_core, m) {
   m.attr("DEFAULTS") = defaults;
 
   py::class_<PyCache>(m, "SuffixCache")
-      .def(py::init([](long long max_depth, long long max_cached, bool cache_active, const std::string& tie,
-                       double factor, double offset, double min_prob, bool copy, double copy_min_prob,
+      .def(py::init([](long long max_depth, long long max_cached, bool cache_active, double factor,
+                       double offset, double min_prob, bool copy, double copy_min_prob,
                        long long copy_window, long long copy_near_len, long long copy_anchor_run,
                        long long copy_oldest_from, double copy_near_bonus, double copy_near_first_bonus,
                        double copy_hazard_c, double copy_hazard_d, double copy_disagree_factor) {
-             return new PyCache(max_depth, max_cached, cache_active, tie, factor, offset, min_prob,
+             return new PyCache(max_depth, max_cached, cache_active, factor, offset, min_prob,
                                 check_copy(copy, copy_min_prob, copy_window, copy_near_len, copy_anchor_run,
                                            copy_oldest_from, copy_near_bonus, copy_near_first_bonus, copy_hazard_c,
                                            copy_hazard_d, copy_disagree_factor));
            }),
            py::arg("max_depth") = d.max_depth, py::arg("max_cached_requests") = d.max_cached,
-           py::arg("cache_in_flight") = d.cache_active, py::arg("tie_break") = tie_name(d.tie),
+           py::arg("cache_in_flight") = d.cache_active,
            py::arg("max_spec_factor") = d.spec.factor, py::arg("max_spec_offset") = d.spec.offset,
            py::arg("min_token_prob") = d.spec.min_prob, py::arg("copy") = dc.on, py::arg("copy_min_prob") = dc.min_prob,
            py::arg("copy_window") = dc.window, py::arg("copy_near_len") = dc.near_len,

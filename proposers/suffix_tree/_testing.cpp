@@ -21,7 +21,7 @@ namespace {
 // The tree on its own, for tests and experiments: sequences are added, grown, and evicted oldest first.
 class PyTree {
  public:
-  PyTree(long long max_depth, const std::string& tie) : tree_(check_depth(max_depth), parse_tie(tie)) {}
+  explicit PyTree(long long max_depth) : tree_(check_depth(max_depth)) {}
 
   int add(py::handle tokens) {
     read_tokens(tokens, buf_, "tokens");
@@ -84,8 +84,7 @@ PYBIND11_MODULE(_testing, m) {
 
   const CacheOptions d;  // the proposer's defaults
   py::class_<PyTree>(m, "SuffixTree")
-      .def(py::init<long long, const std::string&>(), py::arg("max_depth") = d.max_depth,
-           py::arg("tie_break") = tie_name(d.tie))
+      .def(py::init<long long>(), py::arg("max_depth") = d.max_depth)
       .def("add", &PyTree::add, py::arg("tokens"), "Add a sequence (the youngest); returns its handle.")
       .def("extend", &PyTree::extend, py::arg("seq"), py::arg("tokens"))
       .def("remove_oldest", &PyTree::remove_oldest, "Evict the oldest sequence; returns its handle.")

@@ -105,14 +105,6 @@ inline py::tuple to_python(const Draft& d) {
   return py::make_tuple(toks, probs, d.score, d.match_len);
 }
 
-inline TieBreak parse_tie(const std::string& s) {
-  if (s == "recent") return TieBreak::kRecent;
-  if (s == "token") return TieBreak::kToken;
-  throw py::value_error("tie_break: expected 'recent' or 'token', got '" + s + "'");
-}
-
-inline const char* tie_name(TieBreak t) { return t == TieBreak::kToken ? "token" : "recent"; }
-
 inline SpecParams check_params(double factor, double offset, double min_prob) {
   if (!std::isfinite(factor) || factor < 0) throw py::value_error("max_spec_factor: expected a finite value >= 0");
   if (!std::isfinite(offset)) throw py::value_error("max_spec_offset: expected a finite value");

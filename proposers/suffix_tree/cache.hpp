@@ -33,7 +33,6 @@ struct CacheOptions {
   i32 max_depth = 24;  // with copy drafts, deeper trees cost more and draft no better
   long long max_cached = 10000;  // 0 disables the global tree
   bool cache_active = false;     // also insert in-flight responses into the global tree
-  TieBreak tie = TieBreak::kRecent;
   SpecParams spec;
   CopyParams copy;
 };
@@ -50,14 +49,14 @@ class Cache {
   };
 
  public:
-  explicit Cache(const CacheOptions& o) : o_(o), global_(o.max_depth, o.tie) {}
+  explicit Cache(const CacheOptions& o) : o_(o), global_(o.max_depth) {}
 
   const CacheOptions& options() const { return o_; }
 
   void start(long long key, const std::vector<i32>& prompt) {
     if (reqs_.count(key)) throw std::invalid_argument("request is already started");
     Req r;
-    r.local = std::make_unique<Tree>(o_.max_depth, o_.tie);
+    r.local = std::make_unique<Tree>(o_.max_depth);
     r.seq = r.local->add_seq(prompt.size());
     feed(r, prompt.data(), prompt.size());
     r.prompt_len = prompt.size();

@@ -94,7 +94,7 @@ inline void Tree::validate() const {
       if (freed[c] || nodes_[c].parent != v || nodes_[c].prev != prev) fail("child list", c);
       ++kids;
       sum += nodes_[c].count;
-      if (best == kNone || better(c, best, dv)) best = c;
+      if (best == kNone || better(c, best)) best = c;
       prev = c;
     }
     if (x.best != kDirty && x.best != best) fail("cached best child", v);

@@ -65,9 +65,6 @@ class SuffixTreeProposer:
         cache_in_flight: bool = pydantic.Field(
             default=False, description="also put responses in the global tree while they are generated"
         )
-        tie_break: Literal["recent", "token"] = pydantic.Field(
-            default="recent", description="equal counts: most recent occurrence, or smaller token id"
-        )
         # Copy drafts (copier.hpp, where these constants are explained): continue the request's own text from an
         # earlier occurrence of its tail; they compete with the count drafts on expected accepted tokens.
         copy_drafts: bool = pydantic.Field(default=True, description="also draft by copying the request's own text")
@@ -137,7 +134,6 @@ class SuffixTreeProposer:
             max_depth=o.max_depth,
             max_cached_requests=o.max_cached_requests,
             cache_in_flight=o.cache_in_flight,
-            tie_break=o.tie_break,
             max_spec_factor=o.max_spec_factor,
             max_spec_offset=o.max_spec_offset,
             min_token_prob=o.min_token_prob,

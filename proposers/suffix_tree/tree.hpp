@@ -26,7 +26,7 @@
 //     endpoint (otherwise it is merged into the child), so the tree has at most 2 nodes per suffix.
 //   * Children are found through one open-addressing hash map keyed by (parent, first token); a
 //     doubly linked sibling list is kept only for enumeration. Each node caches its best child
-//     (highest count, ties by recency or by smaller token); increments keep it exact in O(1),
+//     (highest count, ties by recency); increments keep it exact in O(1),
 //     decrements (eviction only) mark it dirty and it is recomputed the next time a draft needs it.
 //
 // Everything is deterministic: no decision depends on hash order, node ids or addresses.
@@ -81,8 +81,6 @@ struct Seq {
   i32 rep_len = 0, rep_seq = 0, rep_next = 0, rep_first = 0;
 };
 
-enum class TieBreak { kRecent, kToken };
-
 struct SpecParams {
   double factor = 1.0;    // per-match budget: floor(factor * match_len + offset)
   double offset = 0.0;
@@ -105,7 +103,7 @@ struct Draft {
 
 class Tree {
  public:
-  explicit Tree(i32 max_depth, TieBreak tie = TieBreak::kRecent) : D_(max_depth), tie_(tie) {
+  explicit Tree(i32 max_depth) : D_(max_depth) {
     if (max_depth < 1) throw std::invalid_argument("max_depth: expected >= 1");
     nodes_.push_back(Node{kNone, 0, 0, 0, 0, 0, kNone, kNone, kNone, kNone});
   }
@@ -350,31 +348,28 @@ class Tree {
   }
 
   // ---- ordering of continuations ---------------------------------------------------------------
-  // Does child a beat its sibling b? pd is the parent's depth (used by the token rule).
-  bool better(i32 a, i32 b, i32 pd) const {
+  // Does child a beat its sibling b? The higher count; on equal counts the more recent occurrence (a
+  // token-id order was measured to draft no better: docs/notes/suffix-tree-variants.md).
+  bool better(i32 a, i32 b) const {
     const Node& x = nodes_[a];
     const Node& y = nodes_[b];
     if (x.count != y.count) return x.count > y.count;
-    if (tie_ == TieBreak::kRecent) {
-      const u64 ox = seqs_[x.seq].order, oy = seqs_[y.seq].order;
-      if (ox != oy) return ox > oy;
-      return x.start > y.start;
-    }
-    return str(a)[pd] < str(b)[pd];
+    const u64 ox = seqs_[x.seq].order, oy = seqs_[y.seq].order;
+    if (ox != oy) return ox > oy;
+    return x.start > y.start;
   }
-  void raise_best(i32 p, i32 c, i32 pd) {  // c's count just went up
+  void raise_best(i32 p, i32 c) {  // c's count just went up
     const i32 b = nodes_[p].best;
     if (b == kDirty) return;
-    if (b == kNone || (b != c && better(c, b, pd))) mut(p).best = c;
+    if (b == kNone || (b != c && better(c, b))) mut(p).best = c;
   }
   i32 best_child(i32 p) {
     i32 b = nodes_[p].best;
     if (b != kDirty) return b;
-    const i32 pd = depth_of(p);
     b = nodes_[p].first;
     if (b != kNone)
       for (i32 c = nodes_[b].next; c != kNone; c = nodes_[c].next)
-        if (better(c, b, pd)) b = c;
+        if (better(c, b)) b = c;
     if (shared_reads_) {
       // Several threads draft from this tree at once: leave the node as it is and cache its best
       // child after they are done (end_shared_reads), so readers never race a writer.
@@ -494,7 +489,7 @@ class Tree {
       mut(w) = Node{u, 1, kOpen, T, j, j, kNone, kNone, kNone, kNone};
       link(u, w);
       kids_.insert(u, t, w);
-      raise_best(u, w, du);
+      raise_best(u, w);
       set_endpoint(T, j, w);
       return;
     }
@@ -505,7 +500,7 @@ class Tree {
       x.count += 1;
       touch(c, T, j);
       set_endpoint(T, j, c);
-      raise_best(u, c, du);
+      raise_best(u, c);
       // u lost this endpoint; if nothing else ends at u and c is its only child, they merge.
       if (u != kRoot && nodes_[u].count == nodes_[c].count && only_child(c)) absorb(u, c);
       return;
@@ -533,7 +528,7 @@ class Tree {
     kids_.insert(v, next_tok, c);
     touch(v, T, j);
     if (nodes_[u].best == c) mut(u).best = v;
-    raise_best(u, v, du);
+    raise_best(u, v);
     set_endpoint(T, j, v);
   }
 
@@ -664,7 +659,6 @@ class Tree {
   }
 
   const i32 D_;
-  const TieBreak tie_;
   spec_plugins::ArenaVector<Node> nodes_;
   std::vector<i32> free_nodes_;
   ChildMap kids_;

@@ -23,6 +23,13 @@ The walk, per row and in file order (like requests arriving one after another):
    that would emit the end-of-sequence token is not replayed.
 3. ``finish(req_id)``: responses enter a proposer's global cache, where it has one.
 
+``--concurrency C`` (C > 1) replays C requests at once, as an engine batches them: each step is one
+``propose`` call over every request in flight (each at its own position, steps as above), and a finished
+request's slot goes to the next row in file order. A proposer that caches responses while they are generated
+(the suffix tree's ``cache_in_flight``) then sees its neighbours' partial responses, and one that caches only
+finished ones sees fewer of them than one request at a time does. The µs columns are then per request: one
+call's time over the requests in it.
+
 Each workload gets fresh proposer instances (one deployment per workload); within a workload the
 proposers take turns row by row, so a busy neighbour on a shared machine slows them alike.
 Proposers are driven only through the `Proposer` protocol: registered ones by
@@ -276,6 +283,49 @@ def walk(proposer: Proposer, row: Row, max_draft: int, req_id: Hashable | None =
     return out
 
 
+def walk_interleaved(proposer: Proposer, rows: Sequence[Row], max_draft: int, concurrency: int,
+                     clock: Callable[[], int] = time.perf_counter_ns) -> list[Walk]:
+    """Replay `rows` with up to `concurrency` of them in flight, one `propose` call a step over all of them;
+    returns their walks in row order (each as `walk` would record it, but for the neighbours it drafted beside)."""
+    reports_kind = isinstance(proposer, ReportsDraftKind)
+    walks = [Walk(row.id, len(row.prompt), len(row.response)) for row in rows]
+    seqs: dict[int, np.ndarray] = {}
+    flight: dict[int, list[int]] = {}  # row index -> [response position, tokens seen by the proposer]
+    queue = iter(range(len(rows)))
+    while True:
+        while len(flight) < concurrency and (r := next(queue, None)) is not None:
+            if len(rows[r].response) > 1:  # a one-token response is emitted by its prefill alone
+                seqs[r] = np.concatenate([rows[r].prompt, rows[r].response]).astype(np.int32)
+                flight[r] = [1, 0]
+        if not flight:
+            return walks
+        order = list(flight)
+        reqs = []
+        for r in order:
+            i, seen = flight[r]
+            end = len(rows[r].prompt) + i
+            reqs.append(DraftRequest(rows[r].id, seqs[r][:end], end - seen, max_draft))
+        t0 = clock()
+        drafts = proposer.propose(reqs)
+        share = (clock() - t0) // len(reqs)
+        check_drafts(reqs, drafts)
+        for r, req, draft in zip(order, reqs, drafts):
+            out, end = walks[r], len(req.tokens)
+            a = accepted_prefix(draft.tokens, seqs[r][end:])
+            out.propose_ns.append(share)
+            out.pos.append(flight[r][0])
+            out.drafted.append(len(draft.tokens))
+            out.accepted.append(a)
+            out.confidence.append(None if draft.confidence is None else list(draft.confidence))
+            out.kind.append(proposer.draft_kind(req.req_id) if reports_kind and draft.tokens else None)
+            flight[r] = [flight[r][0] + a + 1, end]
+            if flight[r][0] >= out.response_len:
+                t1 = clock()
+                proposer.finish(req.req_id)
+                out.finish_ns = clock() - t1
+                del flight[r], seqs[r]
+
+
 def update_ns(proposer: Any, rows: Sequence[Row], walks: Sequence[Walk],
               clock: Callable[[], int] = time.perf_counter_ns) -> tuple[int, int]:
     """(ns spent in `append`, tokens appended), feeding each request the chunks its walk fed."""
@@ -372,11 +422,19 @@ class WorkloadResult:
 
 def run_workload(name: str, file: str, rows: list[Row], proposers: list[str],
                  options: dict[str, dict[str, Any]], max_draft: int,
-                 advance: Callable[[], None] = lambda: None, batched: bool = False) -> WorkloadResult:
+                 advance: Callable[[], None] = lambda: None, batched: bool = False,
+                 concurrency: int = 1) -> WorkloadResult:
     instances = {p: make_proposer(p, options.get(p)) for p in proposers}
     walks: dict[str, list[Walk]] = {p: [] for p in proposers}
     wall = {p: 0.0 for p in proposers}
-    for row in rows:
+    if concurrency > 1:  # each proposer replays the whole workload, its requests interleaved
+        for p, inst in instances.items():
+            t0 = time.perf_counter()
+            walks[p] = walk_interleaved(inst, rows, max_draft, concurrency)
+            wall[p] += time.perf_counter() - t0
+            for _ in rows:
+                advance()
+    for row in rows if concurrency == 1 else ():
         for p, inst in instances.items():  # proposers take turns row by row
             t0 = time.perf_counter()
             walks[p].append(walk(inst, row, max_draft, batched=batched))
@@ -474,6 +532,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--batched", action="store_true",
                     help="draft through each proposer's batched serving path (propose_batch) where it has one")
+    ap.add_argument("--concurrency", type=int, default=1,
+                    help="requests in flight at once, interleaved step by step as an engine batches them (default 1)")
     args = ap.parse_args(argv)
 
     from rich.console import Console
@@ -490,6 +550,10 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--max-draft: expected >= 1, got {args.max_draft}")
         if args.limit is not None and args.limit < 1:
             raise ValueError(f"--limit: expected >= 1, got {args.limit}")
+        if args.concurrency < 1:
+            raise ValueError(f"--concurrency: expected >= 1, got {args.concurrency}")
+        if args.concurrency > 1 and args.batched:
+            raise ValueError("--batched: one request a call; not with --concurrency > 1")
         options = parse_options(args.options)
         stray = set(options) - set(names)
         if stray:
@@ -528,12 +592,13 @@ def main(argv: list[str] | None = None) -> int:
         for name, f, rows in workloads:
             progress.update(task, description=f"replay {name}")
             results.append(run_workload(name, f, rows, names, options, args.max_draft,
-                                        lambda: progress.advance(task), batched=args.batched))
+                                        lambda: progress.advance(task), batched=args.batched,
+                                        concurrency=args.concurrency))
 
     report: dict[str, Any] = {
         "format": RESULT_FORMAT,
         "config": {"max_draft": args.max_draft, "proposers": names, "options": options, "tokenizer": tok.path,
-                   "limit": args.limit, "baseline": baseline},
+                   "limit": args.limit, "baseline": baseline, "concurrency": args.concurrency},
         "workloads": {r.name: workload_json(r, notes) for r in results},
         "proposers": pooled_json(results, notes),
     }
@@ -541,7 +606,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         w = report["workloads"][r.name]
         out.print(render_table(f"{r.name}: {w['rows']} requests, {w['response_tokens']} response tokens, "
-                               f"K={args.max_draft}", w["proposers"], baseline))
+                               f"K={args.max_draft}" + (f", {args.concurrency} at once" if args.concurrency > 1 else ""),
+                               w["proposers"], baseline))
     if len(results) > 1:
         out.print(render_table(f"all workloads, K={args.max_draft}", report["proposers"], baseline))
     if args.json:
