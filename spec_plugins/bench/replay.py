@@ -27,8 +27,8 @@ The walk, per row and in file order (like requests arriving one after another):
 ``propose`` call over every request in flight (each at its own position, steps as above), and a finished
 request's slot goes to the next row in file order. A proposer that caches responses while they are generated
 (the suffix tree's ``cache_in_flight``) then sees its neighbours' partial responses, and one that caches only
-finished ones sees fewer of them than one request at a time does. The µs columns are then per request: one
-call's time over the requests in it.
+finished ones sees fewer of them than one request at a time does. Each proposer then replays the whole
+workload in turn, and the µs columns are per request: one call's time over the requests in it.
 
 Each workload gets fresh proposer instances (one deployment per workload); within a workload the
 proposers take turns row by row, so a busy neighbour on a shared machine slows them alike.
@@ -427,19 +427,20 @@ def run_workload(name: str, file: str, rows: list[Row], proposers: list[str],
     instances = {p: make_proposer(p, options.get(p)) for p in proposers}
     walks: dict[str, list[Walk]] = {p: [] for p in proposers}
     wall = {p: 0.0 for p in proposers}
-    if concurrency > 1:  # each proposer replays the whole workload, its requests interleaved
+    if concurrency > 1:  # each proposer replays the whole workload in turn, its requests interleaved
         for p, inst in instances.items():
             t0 = time.perf_counter()
             walks[p] = walk_interleaved(inst, rows, max_draft, concurrency)
             wall[p] += time.perf_counter() - t0
             for _ in rows:
                 advance()
-    for row in rows if concurrency == 1 else ():
-        for p, inst in instances.items():  # proposers take turns row by row
-            t0 = time.perf_counter()
-            walks[p].append(walk(inst, row, max_draft, batched=batched))
-            wall[p] += time.perf_counter() - t0
-            advance()
+    else:
+        for row in rows:
+            for p, inst in instances.items():  # proposers take turns row by row
+                t0 = time.perf_counter()
+                walks[p].append(walk(inst, row, max_draft, batched=batched))
+                wall[p] += time.perf_counter() - t0
+                advance()
     updates: dict[str, tuple[int, int] | None] = {}
     for p, inst in instances.items():
         if has_update_path(inst):
