@@ -73,7 +73,7 @@ from typing import Any, Callable, Hashable, Iterable, Protocol, Sequence, runtim
 import numpy as np
 
 from spec_plugins.core import (
-    BatchProposer, DraftBatch, DraftRequest, Proposer, ReportsDraftKind, check_drafts,
+    BatchProposer, Draft, DraftBatch, DraftRequest, Proposer, ReportsDraftKind, check_drafts,
 )
 from spec_plugins.traces import request_record, trace_document, write_trace
 
@@ -230,6 +230,15 @@ class Walk:
     propose_ns: list[int] = field(default_factory=list)
     finish_ns: int = 0
 
+    def record(self, pos: int, draft: Draft, accepted: int, kind: str | None, propose_ns: int) -> None:
+        """One step: the draft at response position `pos`, how much of it was accepted, what the call took."""
+        self.propose_ns.append(propose_ns)
+        self.pos.append(pos)
+        self.drafted.append(len(draft.tokens))
+        self.accepted.append(accepted)
+        self.confidence.append(None if draft.confidence is None else list(draft.confidence))
+        self.kind.append(kind)
+
     def trace(self) -> dict:
         """This request's entry in a trace file."""
         return request_record(self.id, self.prompt_len, self.response_len, self.pos, self.drafted, self.accepted,
@@ -265,15 +274,11 @@ def walk(proposer: Proposer, row: Row, max_draft: int, req_id: Hashable | None =
                                                        np.array([req.num_new]), np.array([max_draft]))).drafts()
         else:
             drafts = proposer.propose([req])
-        out.propose_ns.append(clock() - t0)
+        took = clock() - t0
         check_drafts([req], drafts)
         draft = drafts[0]
         a = accepted_prefix(draft.tokens, seq[end:])
-        out.pos.append(i)
-        out.drafted.append(len(draft.tokens))
-        out.accepted.append(a)
-        out.confidence.append(None if draft.confidence is None else list(draft.confidence))
-        out.kind.append(proposer.draft_kind(req_id) if reports_kind and draft.tokens else None)
+        out.record(i, draft, a, proposer.draft_kind(req_id) if reports_kind and draft.tokens else None, took)
         seen = end
         i += a + 1
     if out.pos:
@@ -312,12 +317,8 @@ def walk_interleaved(proposer: Proposer, rows: Sequence[Row], max_draft: int, co
         for r, req, draft in zip(order, reqs, drafts):
             out, end = walks[r], len(req.tokens)
             a = accepted_prefix(draft.tokens, seqs[r][end:])
-            out.propose_ns.append(share)
-            out.pos.append(flight[r][0])
-            out.drafted.append(len(draft.tokens))
-            out.accepted.append(a)
-            out.confidence.append(None if draft.confidence is None else list(draft.confidence))
-            out.kind.append(proposer.draft_kind(req.req_id) if reports_kind and draft.tokens else None)
+            out.record(flight[r][0], draft, a,
+                       proposer.draft_kind(req.req_id) if reports_kind and draft.tokens else None, share)
             flight[r] = [flight[r][0] + a + 1, end]
             if flight[r][0] >= out.response_len:
                 t1 = clock()

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from spec_plugins.bench.vllm_run import round_order
+from spec_plugins.demo import custom_class_config, native_config
 from spec_plugins.bench.workloads import Prompt, load_workload
 
 FORMAT = "spec-plugins-sweep/1"
@@ -76,25 +77,16 @@ class Config:
     def speculative_config(self) -> dict | None:
         if self.method == "none":
             return None
-        if self.method == "ngram":
-            return {"method": "ngram", "num_speculative_tokens": self.k, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
-        if self.method == "suffix":
-            return {"method": "suffix", "num_speculative_tokens": self.k}
+        if self.method in NATIVE:
+            return native_config(self.method, self.k)
         if self.method.startswith("dflash:"):
             return {"method": "dflash", "model": self.method[len("dflash:"):], "num_speculative_tokens": self.k}
-        return {"method": "custom_class", "model": "spec_plugins.vllm.SpecPluginsProposer",
-                "num_speculative_tokens": self.k}
+        return custom_class_config(self.method.removeprefix("spec_plugins:"), self.k)[0]
 
     def additional_config(self) -> dict | None:
         if self.method == "none" or self.method in NATIVE or self.method.startswith("dflash:"):
             return None
-        proposer = self.method.removesuffix("+adaptive").removeprefix("spec_plugins:")
-        section: dict[str, Any] = {"proposer": proposer}
-        if self.adaptive:
-            section["policy"] = "adaptive"
-            if self.policy_options:  # none: the policy takes its prior from the engine's device
-                section["policy_options"] = dict(self.policy_options)
-        return {"spec_plugins": section}
+        return custom_class_config(self.method.removeprefix("spec_plugins:"), self.k, dict(self.policy_options))[1]
 
     def serve_args(self) -> list[str]:
         args = []

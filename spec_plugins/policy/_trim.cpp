@@ -157,6 +157,19 @@ void read_extras(const py::object& obj, Extras& x, py::ssize_t n) {
   x.has_attention = true;
 }
 
+// What the step pays beyond the curve at n rows when no request keeps a draft: each request's attention at 0 draft
+// rows (summed in request order, as Python sums it), or the contexts' base; 0 for a curve that holds it all.
+double no_draft_extra(const Extras& x, py::ssize_t n) {
+  double total = 0.0;
+  if (x.has_attention) {
+    if (x.att.len < 1) throw py::value_error("allocate: the attention terms are shorter than the drafts");
+    for (py::ssize_t r = 0; r < n; ++r) total += x.att.at(r, 0);
+  } else if (x.has_contexts) {
+    total = x.cc.base;
+  }
+  return total;
+}
+
 struct Search {
   double sunk;       // seconds paid whatever is kept: overhead + drafting
   bool greedy;       // stop at the first non-improvement
@@ -199,17 +212,15 @@ void walk_into(const double* S, py::ssize_t n, py::ssize_t width, const std::int
     throw py::value_error("allocate: the cost curve is shorter than the rows of this step");
   std::vector<double> W(cc ? cc->grids : 0, 0.0);  // running sums of the admitted rows' context weights
 
-  double attn_total = 0.0;
-  if (att) {  // Python's sum over the requests' attention at draft 0, in request order
-    if (att->len < width + 2) throw py::value_error("allocate: the attention terms are shorter than the drafts");
-    for (py::ssize_t r = 0; r < n; ++r) attn_total += att->at(r, 0);
-  }
+  if (att && att->len < width + 2) throw py::value_error("allocate: the attention terms are shorter than the drafts");
+  const double zero_extra = no_draft_extra(x, n);
+  double attn_total = att ? zero_extra : 0.0;  // the requests' attention, updated row by row below
   auto theta_at = [&](double tau, double verify) {
     const double time = q.sunk + verify;
     return q.has_rate ? tau - q.rate * time : tau / time;
   };
   double tau = double(n);
-  double best = theta_at(tau, att ? C[n] + attn_total : cc ? C[n] + cc->base : C[n]);
+  double best = theta_at(tau, C[n] + zero_extra);
   double prev = best;
   std::size_t best_k = 0;
   for (std::size_t k = 1; k <= m; ++k) {
@@ -401,16 +412,9 @@ py::tuple trim_step(py::object conf_obj, i64 offsets, i64 drafted, py::object hi
   }
   Extras extras;
   read_extras(attention_obj, extras, n);
-  if (offset < 0.0) {  // the step with no drafts: the curve at n rows and each request's attention at 0 draft rows
+  if (offset < 0.0) {  // bounded by offset_cut of the step with no drafts
     if (curve.shape(0) <= n) throw py::value_error("allocate: the cost curve is shorter than the rows of this step");
-    double base = overhead + curve.data()[n];
-    if (extras.has_attention) {
-      if (extras.att.len < 1) throw py::value_error("allocate: the attention terms are shorter than the drafts");
-      for (py::ssize_t r = 0; r < n; ++r) base += extras.att.at(r, 0);
-    } else if (extras.has_contexts) {
-      base += extras.cc.base;
-    }
-    offset = std::max(offset, -offset_cut * base);
+    offset = std::max(offset, -offset_cut * (overhead + curve.data()[n] + no_draft_extra(extras, n)));
   }
   const double sunk = overhead + offset + draft_seconds;
   const Search q{sunk, greedy, min_gain, !rate_obj.is_none(), rate_obj.is_none() ? 0.0 : rate_obj.cast<double>(), budget};
