@@ -7,10 +7,11 @@ PY := .venv/bin/python
 setup:
 	bash scripts/setup_env.sh dev,vllm
 
-# vLLM 0.33.0's own Python (the CUDA wheel without its CUDA libraries) for the contract tests of the GPU code paths;
-# where it cannot be built, those tests skip and say why.
+# vLLM 0.33.0's and 0.34.0's own Python (the CUDA wheels without their CUDA libraries) for the contract tests of the
+# GPU code paths; where one cannot be built, its tests skip and say why.
 setup-gpu-path:
-	bash scripts/setup_vllm_gpu_env.sh || echo "[setup-gpu] could not build .venv-vllm033: the vLLM 0.33 contract tests will skip"
+	bash scripts/setup_vllm_gpu_env.sh 0.33.0 || echo "[setup-gpu] could not build .venv-vllm033: the vLLM 0.33 contract tests will skip"
+	bash scripts/setup_vllm_gpu_env.sh 0.34.0 || echo "[setup-gpu] could not build .venv-vllm034: the vLLM 0.34 contract tests will skip"
 
 demo: setup
 	.venv/bin/spec-plugins demo

@@ -31,20 +31,32 @@ pytestmark = [requires_vllm, pytest.mark.vllm_contract]
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = Path(__file__).with_name("vllm_contract_probe.py")
-GPU_VENV = Path(os.environ.get("SPEC_PLUGINS_VLLM_GPU_VENV", ROOT / ".venv-vllm033"))
-VERSIONS = ("0.32", "0.33")
+VERSIONS = ("0.32", "0.33", "0.34")
+# The environments of the CUDA wheels' Python (scripts/setup_vllm_gpu_env.sh VERSION builds each).
+GPU_VENVS = {
+    "0.33": ("0.33.0", Path(os.environ.get("SPEC_PLUGINS_VLLM_GPU_VENV", ROOT / ".venv-vllm033")),
+             "SPEC_PLUGINS_VLLM_GPU_VENV"),
+    "0.34": ("0.34.0", Path(os.environ.get("SPEC_PLUGINS_VLLM034_VENV", ROOT / ".venv-vllm034")),
+             "SPEC_PLUGINS_VLLM034_VENV"),
+}
+# vLLM 0.34 keeps Triton on with no GPU driver only where CUDA_VISIBLE_DEVICES is set and empty (a distributed
+# worker's start); its stand-in CUDA platform needs Triton's own modules at import.
+PROBE_ENV = {"0.34": {"CUDA_VISIBLE_DEVICES": ""}}
 
 
-def _gpu_python() -> str:
-    """`.venv-vllm033`'s Python, built (once, under a lock shared by the test processes) where missing or stale."""
-    with open(ROOT / ".venv-vllm033.lock", "w") as lock:
+def _gpu_python(version: str) -> str:
+    """The Python of vLLM `version`'s environment, built (once, under a lock shared by the test processes) where
+    missing or stale."""
+    release, venv, var = GPU_VENVS[version]
+    with open(ROOT / f"{venv.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        run = subprocess.run(["bash", str(ROOT / "scripts/setup_vllm_gpu_env.sh")], capture_output=True, text=True,
-                             env={**os.environ, "SPEC_PLUGINS_VLLM_GPU_VENV": str(GPU_VENV)})
+        run = subprocess.run(["bash", str(ROOT / "scripts/setup_vllm_gpu_env.sh"), release], capture_output=True,
+                             text=True, env={**os.environ, var: str(venv)})
     if run.returncode != 0:
         last = (run.stderr.strip().splitlines() or run.stdout.strip().splitlines() or ["no output"])[-1]
-        pytest.skip(f"the vLLM 0.33 environment could not be built (scripts/setup_vllm_gpu_env.sh: {last})")
-    return str(GPU_VENV / "bin/python")
+        pytest.skip(f"the vLLM {version} environment could not be built (scripts/setup_vllm_gpu_env.sh {release}: "
+                    f"{last})")
+    return str(venv / "bin/python")
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +65,7 @@ def python_for():
 
     def get(version: str) -> str:
         if version not in found:
-            found[version] = _gpu_python()
+            found[version] = _gpu_python(version)
         return found[version]
 
     return get
@@ -76,7 +88,7 @@ def contract_of(python_for):
 
     def get(version: str) -> dict:
         if version not in reports:
-            reports[version] = probe(python_for(version), "contract")
+            reports[version] = probe(python_for(version), "contract", env=PROBE_ENV.get(version))
         return reports[version]
 
     return get
@@ -90,13 +102,20 @@ def test_every_vllm_name_we_rely_on_exists_as_assumed(contract_of, version):
     assert not broken, f"vLLM {report['version']}:\n" + "\n".join(broken)
     from spec_plugins.vllm import patches
 
-    assert len(report["problems"]) == len(patches.PATCHES) + len(patches.RELIES_ON)
+    from spec_plugins.versions import major_minor
+
+    found = major_minor(report["version"])
+    assert len(report["problems"]) == sum(patches.applies(e, found) for e in patches.PATCHES + patches.RELIES_ON)
+    assert report["problems"], "no entry of the registry concerns this version"
 
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_version_guards_agree_with_the_code_found(contract_of, version):
     report = contract_of(version)
     assert report["plugin_supported"], f"vLLM {report['version']} is contract-tested but not in plugin.SUPPORTED"
+    if "defects" not in report:  # Model Runner V2: the V1 mends have no target, and none applies
+        assert not report["cpu_fix_affected"] and not report["min_tokens_fix_affected"], report
+        return
     # The CPU fixes apply exactly where the defects they mend are in vLLM's source.
     assert report["cpu_fix_affected"] == report["defects"]["cpu_expand_kernel"], report
     assert report["cpu_fix_affected"] == report["defects"]["cpu_seed_rewind"], report
@@ -129,9 +148,9 @@ def test_a_changed_name_fails_naming_it(monkeypatch):
 
 
 def _custom_class_configs() -> dict[str, dict]:
-    """Our shipped vLLM configs (the `custom_class` ones) as EngineArgs keyword arguments."""
+    """Our shipped vLLM 0.32 / 0.33 configs (the `custom_class` ones) as EngineArgs keyword arguments."""
     out = {}
-    for path in sorted((ROOT / "configs/vllm").glob("*.json")):
+    for path in sorted((ROOT / "configs/vllm/v0.33").glob("*.json")):
         raw = json.loads(path.read_text())
         args = raw if "speculative_config" in raw else {"speculative_config": raw}
         if args["speculative_config"].get("method") == "custom_class":
@@ -139,17 +158,22 @@ def _custom_class_configs() -> dict[str, dict]:
     return out
 
 
-@pytest.fixture(scope="module")
-def gpu_configs(python_for, tmp_path_factory):
+def _checkpoints(folder: Path) -> dict[str, str]:
+    """Tiny Llama and Qwen3 targets and our exported DSpark (vanilla and gated heads) and DFlash checkpoints."""
     from .test_vllm_dflash import _drafter, _target
 
+    qwen3 = _target(folder / "qwen3", arch="qwen3")
+    return {"llama": _target(folder / "llama"), "qwen3": qwen3, "dspark": _drafter(folder / "drafts", qwen3, "dspark"),
+            "dflash": _drafter(folder / "drafts", qwen3, "dflash"),
+            "gated": _drafter(folder / "drafts", qwen3, "dspark", head="gated")}
+
+
+@pytest.fixture(scope="module")
+def gpu_configs(python_for, tmp_path_factory):
     python = python_for("0.33")
     folder = tmp_path_factory.mktemp("gpu-configs")
-    llama = _target(folder / "llama")
-    qwen3 = _target(folder / "qwen3", arch="qwen3")
-    dspark = _drafter(folder / "drafts", qwen3, "dspark")
-    dflash = _drafter(folder / "drafts", qwen3, "dflash")
-    gated = _drafter(folder / "drafts", qwen3, "dspark", head="gated")
+    c = _checkpoints(folder)
+    llama, qwen3, dspark, dflash, gated = c["llama"], c["qwen3"], c["dspark"], c["dflash"], c["gated"]
     base = {"model": llama, "max_model_len": 512}
     qbase = {"model": qwen3, "max_model_len": 512}
     policy = {"spec_plugins": {"policy": "adaptive", "policy_options": {"hardware": "h100"}}}
@@ -325,7 +349,7 @@ def test_docs_list_every_patch_as_the_registry_does():
     assert listed == patches.markdown_table(), "regenerate docs/vllm-on-gpu.md's table from patches.markdown_table()"
 
 
-# docs/vllm-on-gpu.md "What each method gets on a GPU": row label -> the scenario that establishes it
+# docs/vllm-on-gpu.md, vLLM 0.33's table: row label -> the scenario that establishes it
 GPU_TABLE_ROWS = {"no speculation": "no-speculation", "vLLM `ngram`": "vllm-ngram",
                   "vLLM `dflash`, our DFlash checkpoint": "dflash",
                   "vLLM `dspark`, our DSpark checkpoint (vanilla heads)": "dspark-native",
@@ -336,7 +360,7 @@ GPU_TABLE_ROWS = {"no speculation": "no-speculation", "vLLM `ngram`": "vllm-ngra
 
 def test_docs_gpu_table_is_what_the_tests_found(gpu_configs):
     text = (ROOT / "docs/vllm-on-gpu.md").read_text()
-    table = text[text.index("## What each method gets on a GPU"):]
+    table = text[text.index("## vLLM 0.33 and 0.32"):]
     rows = {}
     for line in table.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -346,5 +370,216 @@ def test_docs_gpu_table_is_what_the_tests_found(gpu_configs):
     for label, (_, runner, scheduling, graphs, _) in rows.items():
         found = _ok(gpu_configs[GPU_TABLE_ROWS[label]])
         assert runner.startswith("V2" if found["v2"] else "V1"), label
+        assert scheduling.startswith("on" if found["async_scheduling"] else "off"), label
+        assert graphs == found["cudagraph_mode"], label
+
+
+# ---------------------------------------------------------------- vLLM 0.34 (Model Runner V2): our methods
+
+
+def _mrv2_configs() -> dict[str, dict]:
+    """Our shipped vLLM 0.34 configs (registered methods) as EngineArgs keyword arguments."""
+    out = {}
+    for path in sorted((ROOT / "configs/vllm").glob("*.json")):
+        raw = json.loads(path.read_text())
+        args = raw if "speculative_config" in raw else {"speculative_config": raw}
+        if str(args["speculative_config"].get("method", "")).startswith("spec_plugins_"):
+            out[path.stem] = args
+    return out
+
+
+@pytest.fixture(scope="module")
+def mrv2(python_for, tmp_path_factory):
+    """vLLM 0.34's own code on our methods: config scenarios (a CUDA platform stand-in), weight loads of our exported
+    checkpoints, and the speculator driven through a recorded runner trace (`mrv2_trace.py`)."""
+    python = python_for("0.34")
+    env = PROBE_ENV["0.34"]
+    folder = tmp_path_factory.mktemp("mrv2")
+    c = _checkpoints(folder)
+    llama, qwen3, dspark, dflash, gated = c["llama"], c["qwen3"], c["dspark"], c["dflash"], c["gated"]
+    base = {"model": llama, "max_model_len": 512}
+    qbase = {"model": qwen3, "max_model_len": 512}
+    ours = {"method": "spec_plugins_suffix_tree", "num_speculative_tokens": 8}
+    scenarios = [{"name": f"config:{name}", "args": {**base, **args}} for name, args in _mrv2_configs().items()]
+    scenarios += [
+        {"name": "readme", "args": {**base, "speculative_config": {**ours, "speculator_options": {"policy": "adaptive"}}}},
+        {"name": "ngram-default-k", "args": {**base, "speculative_config": {"method": "spec_plugins_ngram"}}},
+        {"name": "schedule", "args": {**base, "speculative_config": {
+            **ours, "num_speculative_tokens_per_batch_size": [[1, 4, 8], [5, 256, 3]]}}},
+        {"name": "unknown-key", "args": {**base, "speculative_config": {**ours, "speculator_options": {"polcy": "x"}}}},
+        {"name": "bad-policy-option", "args": {**base, "speculative_config": {
+            **ours, "speculator_options": {"policy": "adaptive", "policy_options": {"hardware": "z80"}}}}},
+        {"name": "schedule-in-options", "args": {**base, "speculative_config": {
+            **ours, "speculator_options": {"num_speculative_tokens_per_batch_size": [[1, 256, 4]]}}}},
+        {"name": "custom-class", "args": {**base, "speculative_config": {
+            "method": "custom_class", "model": "spec_plugins.vllm.SuffixTree", "num_speculative_tokens": 8}}},
+        {"name": "additional-config", "args": {**base, "speculative_config": ours,
+                                               "additional_config": {"spec_plugins": {"policy": "adaptive"}}}},
+        {"name": "vllm-suffix", "args": {**base, "speculative_config": {"method": "suffix", "num_speculative_tokens": 8}}},
+        {"name": "no-speculation", "args": base},
+        {"name": "dspark-under-dflash", "args": {**qbase, "speculative_config": {
+            "method": "dflash", "model": dspark, "num_speculative_tokens": 6}}},
+        {"name": "dspark-native", "args": {**qbase, "speculative_config": {
+            "method": "dspark", "model": dspark, "num_speculative_tokens": 6}}},
+        {"name": "dflash", "args": {**qbase, "speculative_config": {
+            "method": "dflash", "model": dflash, "num_speculative_tokens": 7}}},
+        {"name": "dspark-gated", "args": {**qbase, "speculative_config": {
+            "method": "dspark", "model": gated, "num_speculative_tokens": 6}}},
+        {"name": "dspark-policy", "args": {**qbase, "speculative_config": {
+            "method": "dspark", "model": dspark, "num_speculative_tokens": 6},
+            "additional_config": {"spec_plugins": {"policy": "adaptive"}}}},
+    ]
+    path = folder / "scenarios.json"
+    path.write_text(json.dumps(scenarios))
+    report = probe(python, "config", str(path), env=env)
+    assert report["device_type"] == "cuda"
+    out = {"config": report["scenarios"], "installed": report["installed"]}
+    checks = [{"name": "dspark", "target": qwen3, "draft": dspark, "method": "dspark", "k": 6},
+              {"name": "dflash", "target": qwen3, "draft": dflash, "method": "dflash", "k": 7}]
+    path = folder / "loads.json"
+    path.write_text(json.dumps(checks))
+    out["loads"] = probe(python, "load", str(path), env=env)
+    setup = {"target": llama,
+             "direct": {"good": {**ours, "speculator_options": {"policy": "adaptive"}},
+                        "unknown-key": {**ours, "speculator_options": {"bogus": 1}},
+                        "ngram-default-k": {"method": "spec_plugins_ngram"}},
+             "traces": {"suffix_tree": ours, "ngram": {"method": "spec_plugins_ngram", "num_speculative_tokens": 8}}}
+    path = folder / "mrv2.json"
+    path.write_text(json.dumps(setup))
+    out["mrv2"] = probe(python, "mrv2", str(path), env=env)
+    return out
+
+
+def _one_line(error: str) -> str:
+    """The message of a one-line ValueError (vLLM's pydantic wrapper around it, where it wraps it, taken off)."""
+    assert error.startswith(("ValueError: ", "ValidationError: ")), error
+    return error
+
+
+def test_mrv2_methods_register_and_resolve_in_vllm_config(mrv2):
+    assert mrv2["mrv2"]["registered"] == ["spec_plugins_ngram", "spec_plugins_suffix_tree"]
+    readme = mrv2["config"]["readme"]
+    assert "error" not in readme, readme
+    assert readme["custom_method"] == "spec_plugins_suffix_tree" and readme["speculator_config"] == "SuffixTreeConfig"
+    assert readme["speculator_options"] == {"policy": "adaptive"}
+    assert readme["async_scheduling"] is True  # vLLM's GPU default, kept: nothing of ours turns it off on 0.34
+    ngram = mrv2["config"]["ngram-default-k"]
+    assert ngram["speculator_config"] == "NgramConfig", ngram
+    assert any("num_speculative_tokens defaulted to 8" in line for line in ngram["log"]), ngram["log"]
+    # vLLM 0.34 applies the batch-size schedule to every method, ours included
+    assert mrv2["config"]["schedule"]["vllm_schedule"] == [[1, 4, 8], [5, 256, 3]], mrv2["config"]["schedule"]
+    # vLLM's own SpeculativeConfig, built directly: our config class, K, the options
+    direct = mrv2["mrv2"]["direct"]
+    assert direct["good"] == {"custom_method": "spec_plugins_suffix_tree", "config": "SuffixTreeConfig", "k": 8,
+                              "options": {"policy": "adaptive"}}
+    assert direct["ngram-default-k"]["k"] == 8
+    assert "speculative_config.speculator_options.bogus: unknown key" in direct["unknown-key"]["error"]
+
+
+def test_mrv2_shipped_configs_resolve(mrv2):
+    shipped = {k: v for k, v in mrv2["config"].items() if k.startswith("config:")}
+    assert shipped, "configs/vllm/ ships no vLLM 0.34 config"
+    for name, result in shipped.items():
+        assert "error" not in result, (name, result)
+        assert result["custom_method"].startswith("spec_plugins_"), (name, result)
+
+
+@pytest.mark.parametrize("scenario, expected", [
+    ("unknown-key", "speculative_config.speculator_options.polcy: unknown key"),
+    ("bad-policy-option", "speculative_config.speculator_options.policy_options"),
+    ("schedule-in-options", "speculative_config.speculator_options.num_speculative_tokens_per_batch_size: vLLM 0.34"),
+    ("custom-class", "speculative_config.method: vLLM 0.34.0 has no 'custom_class'; use {\"method\": "
+                     "\"spec_plugins_suffix_tree\""),
+    ("additional-config", "additional_config.spec_plugins: on vLLM 0.34.0 our options travel in "
+                          "speculative_config.speculator_options"),
+    ("dspark-under-dflash", "is a 'dspark' checkpoint"),
+    ("dspark-gated", "has a 'gated' DSpark Markov head; vLLM 0.34.0's dspark runs the vanilla head only"),
+    ("dspark-policy", "additional_config.spec_plugins: vLLM 0.34.0 runs DFlash / DSpark checkpoints with its own"),
+])
+def test_mrv2_bad_input_stops_start_up_in_one_line(mrv2, scenario, expected):
+    error = mrv2["config"][scenario].get("error")
+    assert error is not None, mrv2["config"][scenario]
+    assert expected in error and "\n" not in error.strip(), error
+
+
+def test_mrv2_touches_nothing_of_the_runner(mrv2):
+    # Only the front end's create_engine_config is wrapped (our one-line errors); no runner, sampler or model patch.
+    assert mrv2["installed"] == ["front_end_check"], mrv2["installed"]
+    assert mrv2["mrv2"]["installed"] == ["front_end_check"], mrv2["mrv2"]["installed"]
+    assert mrv2["config"]["vllm-suffix"].get("error") is None, mrv2["config"]["vllm-suffix"]
+
+
+@pytest.mark.parametrize("method", ["suffix_tree", "ngram"])
+def test_mrv2_speculator_drafts_as_the_v1_path_on_the_same_contexts(mrv2, method):
+    """vLLM's init_speculator builds ours; driven with vLLM 0.34's RequestState / InputBatch through prefills, a
+    chunked prefill, a preemption and re-send, finishes and warm-up, it drafts what the V1 custom_class proposer
+    drafts on the same contexts, padded to K with the last token."""
+    trace = mrv2["mrv2"]["traces"][method]
+    cls = {"suffix_tree": "SuffixTreeSpeculator", "ngram": "NgramSpeculator"}[method]
+    assert trace["class"] == f"spec_plugins.vllm.mrv2.speculator.{cls}"
+    assert trace["steps"] > 40 and trace["compared_rows"] > 200, trace
+    assert trace["drafted_rows"] > 100 and trace["accepted"] > 300, trace  # drafts were made and accepted
+    assert trace["mismatches"] == [] and trace["padding_mismatches"] == [], trace
+    assert trace["resent"] and trace["resent"][0][0] == "req-2", trace  # the preempted request came back in full
+
+
+def test_mrv2_speculator_lifecycle(mrv2):
+    trace = mrv2["mrv2"]["traces"]["suffix_tree"]
+    warm = trace["warmup"]
+    assert warm["tracked_during_warmup"] == 0 and warm["context_warmup_tracked"] == 0, warm
+    assert warm["tracked_at_end"] == 0, warm  # every finish freed its request
+    # finished responses fed the cross-request cache: the 14 requests, and the preempted one's first part, which its
+    # re-send ends (as the V1 path does on preemption)
+    assert warm["stats_at_end"]["cached_requests"] == 14 + len(trace["resent"]), warm
+    assert warm["stats_after_a_reset"]["cached_requests"] == 0 and warm["stats_after_a_reset"]["active_requests"] == 0
+    assert trace["dummy"] == {"shape": [2, 8], "steps_taken": 0}
+
+
+@pytest.mark.parametrize("method", ["suffix_tree", "ngram"])
+def test_mrv2_ranks_draft_the_same_tokens(mrv2, method):
+    """Tensor parallelism: one speculator per rank, no collective. Two fed one trace at once, in two threads (the
+    suffix tree's worker threads on, as beside a GPU), draft the same tokens at every step, and as one alone."""
+    trace = mrv2["mrv2"]["traces"][method]
+    assert trace["ranks_equal"] and trace["ranks_equal_to_alone"], trace
+
+
+def test_mrv2_our_checkpoints_load_into_vllm_native_classes(mrv2):
+    shared = {"lm_head.weight", "model.embed_tokens.weight", "model.mask_embedding"}
+    for name in ("dspark", "dflash"):
+        res = mrv2["loads"][name]
+        assert "error" not in res, res
+        assert set(res["not_loaded"]) <= shared and not res["partly_loaded"], (name, res)
+    assert "error" not in mrv2["config"]["dspark-native"], mrv2["config"]["dspark-native"]
+    assert "error" not in mrv2["config"]["dflash"], mrv2["config"]["dflash"]
+
+
+def test_docs_list_every_name_the_mrv2_path_relies_on():
+    from spec_plugins.vllm import patches
+
+    text = (ROOT / "docs/vllm-on-gpu.md").read_text()
+    start, end = text.index("<!-- relied-mrv2:start"), text.index("<!-- relied-mrv2:end -->")
+    assert text[text.index("\n", start) + 1:end].strip() == patches.markdown_relied(patches.MRV2)
+
+
+# docs/vllm-on-gpu.md, vLLM 0.34's table: row label -> the scenario that establishes it
+GPU_TABLE_34 = {"no speculation": "no-speculation", "vLLM `suffix`": "vllm-suffix",
+                "our `spec_plugins_suffix_tree` (any policy)": "readme",
+                "vLLM `dspark`, our DSpark checkpoint (vanilla heads)": "dspark-native",
+                "vLLM `dflash`, our DFlash checkpoint": "dflash"}
+
+
+def test_docs_mrv2_table_is_what_the_tests_found(mrv2):
+    text = (ROOT / "docs/vllm-on-gpu.md").read_text()
+    table = text[text.index("| what you run on 0.34 |"):text.index("Nothing of the runner is replaced on 0.34")]
+    rows = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| ") and len(cells) == 4 and cells[0] in GPU_TABLE_34:
+            rows[cells[0]] = cells
+    assert set(rows) == set(GPU_TABLE_34)
+    for label, (_, runner, scheduling, graphs) in rows.items():
+        found = mrv2["config"][GPU_TABLE_34[label]]
+        assert "error" not in found, (label, found)
+        assert runner.startswith("V2") and found["v2"], label
         assert scheduling.startswith("on" if found["async_scheduling"] else "off"), label
         assert graphs == found["cudagraph_mode"], label

@@ -12,7 +12,7 @@ import pytest
 from spec_plugins.bench.prompts import code_rewrites, spec_bench
 from spec_plugins.bench.serve import VllmServer
 from spec_plugins.bench.vllm_run import EngineRun, run
-from spec_plugins.demo import custom_class_config
+from spec_plugins.demo import plugin_config
 
 from .conftest import REPEATING_PROMPTS, requires_vllm
 
@@ -33,7 +33,7 @@ def _baseline(spec: EngineRun):
 
 
 def _spec_run(model: str, prompts: list, proposer: str = "ngram", **kw) -> EngineRun:
-    spec, extra = custom_class_config(proposer, K)
+    spec, extra = plugin_config(proposer, K)
     return EngineRun(model=model, prompts=prompts, speculative_config=spec, additional_config=extra, warmup=False, **kw)
 
 
@@ -73,7 +73,7 @@ def test_unknown_proposer_fails_with_field_name(tiny_llama):
 
 @pytest.mark.parametrize("proposer", PROPOSERS)
 def test_vllm_serve_answers_like_offline_engine(tiny_llama, tmp_path, proposer):
-    spec, extra = custom_class_config(proposer, K)
+    spec, extra = plugin_config(proposer, K)
     args = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--seed", "0",
             "--speculative-config", json.dumps(spec), "--additional-config", json.dumps(extra)]
     prompt = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n"

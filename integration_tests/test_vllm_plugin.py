@@ -20,7 +20,7 @@ import pytest
 
 from spec_plugins.bench.serve import VllmServer
 from spec_plugins.bench.vllm_run import CPU_ENV_DEFAULTS
-from spec_plugins.demo import custom_class_config
+from spec_plugins.demo import plugin_config
 
 from .conftest import REPEATING_PROMPTS, requires_vllm
 
@@ -135,7 +135,7 @@ def baseline(tiny_llama, tmp_path_factory) -> dict:
 
 
 def test_in_process_ids_reach_proposer_and_finished_requests_are_freed(tiny_llama, baseline, tmp_path):
-    spec, extra = custom_class_config("ngram", K)
+    spec, extra = plugin_config("ngram", K)
     trace = tmp_path / "trace.jsonl"
     res = _run_in_process(tiny_llama, tmp_path, spec, extra, trace)
     assert res["token_ids"] == baseline["token_ids"]  # lossless
@@ -155,7 +155,7 @@ def test_in_process_ids_reach_proposer_and_finished_requests_are_freed(tiny_llam
 
 
 def test_vllm_serve_ids_reach_the_worker_and_drained_requests_are_freed(tiny_llama, baseline, tmp_path):
-    spec, extra = custom_class_config("ngram", K)
+    spec, extra = plugin_config("ngram", K)
     trace = tmp_path / "trace.jsonl"
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "SPEC_PLUGINS_TRACE_FILE": str(trace),
            "SPEC_PLUGINS_VLLM_PLUGIN": "1"}

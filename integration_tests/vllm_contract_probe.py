@@ -3,6 +3,7 @@
     python integration_tests/vllm_contract_probe.py contract
     python integration_tests/vllm_contract_probe.py config SCENARIOS.json   (vLLM 0.33, a CUDA platform)
     python integration_tests/vllm_contract_probe.py load CHECKS.json         (vLLM 0.33, a CUDA platform)
+    python integration_tests/vllm_contract_probe.py mrv2 SETUP.json          (vLLM 0.34, a CUDA platform)
 
 `contract`: every entry of `spec_plugins.vllm.patches` (PATCHES and RELIES_ON) resolved in this vLLM, with the
 problems found (none when the contract holds), and whether this vLLM still has the CPU defects our fixes mend.
@@ -18,6 +19,12 @@ our log lines, or the one-line error.
 built on the CPU with vLLM's own constructor, every parameter set to NaN, then vLLM's own `load_weights` fed the
 checkpoint's tensors: the parameters left NaN are the ones the checkpoint did not fill. Compiled ops are only
 referenced at construction (a call would raise), so nothing runs but the loader.
+
+`mrv2`: our vLLM 0.34 speculator as vLLM builds and drives it: `SpeculativeConfig` built by vLLM's own code for
+good and bad options, `init_speculator`, and a recorded runner trace (`mrv2_trace.py`: prefills, chunked prefill,
+preemption and re-send, finishes, warm-up) driven with vLLM's own `RequestState` / `InputBatch` on CPU tensors,
+compared step by step with the V1 `custom_class` proposer on the same contexts; two speculators fed one trace in
+two threads (tensor-parallel ranks); dummy runs.
 
 No assertions here: the tests (`test_vllm_contract.py`) read the report.
 """
@@ -52,23 +59,30 @@ def contract() -> dict:
 
     import vllm
 
+    from spec_plugins.versions import major_minor
     from spec_plugins.vllm import cpu_sampler_fix, min_tokens_fix, patches, plugin
 
+    found = major_minor(vllm.__version__)
     report = {"version": vllm.__version__, "problems": {}}
     for entry in patches.PATCHES + patches.RELIES_ON:
-        report["problems"][entry.target + ("" if isinstance(entry, patches.Patch) else " (relied on)")] = \
-            patches.problems(entry)
-    _, expand = patches.resolve(patches.by_name("cpu_expand_kernel").target)
-    _, bookkeeping = patches.resolve(patches.by_name("cpu_seed_rewind_bookkeeping").target)
-    _, bonus = patches.resolve(patches.by_name("min_tokens_bonus").target)
-    report["defects"] = {
-        # the expand kernel converts its float output to a dropped int64 copy
-        "cpu_expand_kernel": "_ensure_int64(output)" in inspect.getsource(patches.original(expand)),
-        # the rewind of a discarded sample's generator by offset, which CPU generators do not have
-        "cpu_seed_rewind": "set_offset" in inspect.getsource(patches.original(bookkeeping)),
-        # the bonus token's logits processors run with no word of this step's drafts (min_tokens by output length)
-        "min_tokens_bonus": "processor.apply(logits)" in inspect.getsource(patches.original(bonus)),
-    }
+        if patches.applies(entry, found):
+            report["problems"][entry.target + ("" if isinstance(entry, patches.Patch) else " (relied on)")] = \
+                patches.problems(entry)
+    # The V1 names this vLLM no longer has: on Model Runner V2 none of them may be touched.
+    report["v1_only_found"] = [e.target for e in patches.PATCHES + patches.RELIES_ON
+                               if not patches.applies(e, found) and not patches.problems(e)]
+    if found in patches.V1:
+        _, expand = patches.resolve(patches.by_name("cpu_expand_kernel").target)
+        _, bookkeeping = patches.resolve(patches.by_name("cpu_seed_rewind_bookkeeping").target)
+        _, bonus = patches.resolve(patches.by_name("min_tokens_bonus").target)
+        report["defects"] = {
+            # the expand kernel converts its float output to a dropped int64 copy
+            "cpu_expand_kernel": "_ensure_int64(output)" in inspect.getsource(patches.original(expand)),
+            # the rewind of a discarded sample's generator by offset, which CPU generators do not have
+            "cpu_seed_rewind": "set_offset" in inspect.getsource(patches.original(bookkeeping)),
+            # the bonus token's logits processors run with no word of this step's drafts (min_tokens by output length)
+            "min_tokens_bonus": "processor.apply(logits)" in inspect.getsource(patches.original(bonus)),
+        }
     report["cpu_fix_affected"] = cpu_sampler_fix.affected(vllm.__version__)
     report["min_tokens_fix_affected"] = min_tokens_fix.affected(vllm.__version__)
     report["plugin_supported"] = plugin._supported(vllm.__version__)
@@ -153,11 +167,15 @@ def config(scenarios: list[dict]) -> dict:
         try:
             cfg = EngineArgs(**sc["args"]).create_engine_config()
             spec = cfg.speculative_config
-            res.update(v2=bool(cfg.use_v2_model_runner), async_scheduling=cfg.scheduler_config.async_scheduling,
+            res.update(v2=bool(getattr(cfg, "use_v2_model_runner", True)), async_scheduling=cfg.scheduler_config.async_scheduling,
                        cudagraph_mode=str(getattr(cfg.compilation_config.cudagraph_mode, "name", None)),
                        method=getattr(spec, "method", None),
                        vllm_schedule=getattr(spec, "num_speculative_tokens_per_batch_size", None),
                        section=(cfg.additional_config or {}).get("spec_plugins"))
+            if spec is not None and getattr(spec, "custom_method", None):
+                res["custom_method"] = spec.custom_method
+                res["speculator_config"] = type(spec.speculator_config).__name__
+                res["speculator_options"] = spec.speculator_options
             if spec is not None and spec.method == "custom_class":
                 import importlib
 
@@ -229,7 +247,8 @@ def load(checks: list[dict]) -> dict:
                 "num_speculative_tokens": check["k"]}).create_engine_config()
             draft_config = cfg.speculative_config.draft_model_config
             cls, arch = get_model_architecture(draft_config)
-            res.update(cls=f"{cls.__module__}.{cls.__qualname__}", arch=arch, v2=bool(cfg.use_v2_model_runner))
+            res.update(cls=f"{cls.__module__}.{cls.__qualname__}", arch=arch,
+                       v2=bool(getattr(cfg, "use_v2_model_runner", True)))
             with set_current_vllm_config(cfg), torch.device("cpu"):
                 if i == 0:
                     init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
@@ -251,13 +270,95 @@ def load(checks: list[dict]) -> dict:
     return out
 
 
+def mrv2(setup: dict) -> dict:
+    """Our speculator on vLLM 0.34's own objects (see the module docstring)."""
+    _stand_in_cuda()
+    import threading
+
+    import torch
+    from vllm.config.speculative import SpeculativeConfig
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.worker.gpu.spec_decode import init_speculator
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import mrv2_trace
+
+    from spec_plugins.vllm import patches, plugin
+
+    plugin.register()
+    out: dict = {"registered": sorted(__import__("vllm.v1.worker.gpu.spec_decode.speculator_config", fromlist=["x"])
+                                      .registered_speculative_methods())}
+    base = EngineArgs(model=setup["target"], max_model_len=mrv2_trace.MAX_LEN).create_engine_config()
+    # vLLM's own SpeculativeConfig, as create_engine_config builds it, for good and bad options.
+    direct = {}
+    for name, spec in setup["direct"].items():
+        try:
+            sc = SpeculativeConfig(target_model_config=base.model_config, target_parallel_config=base.parallel_config,
+                                   **spec)
+            direct[name] = {"custom_method": sc.custom_method, "config": type(sc.speculator_config).__name__,
+                            "k": sc.num_speculative_tokens, "options": sc.speculator_options}
+        except Exception as exc:
+            direct[name] = {"error": f"{type(exc).__name__}: {exc}"}
+    out["direct"] = direct
+    traces = {}
+    for name, spec in setup["traces"].items():
+        cfg = EngineArgs(model=setup["target"], max_model_len=mrv2_trace.MAX_LEN,
+                         speculative_config=spec).create_engine_config()
+        built = init_speculator(cfg, torch.device("cpu"), _req_states(mrv2_trace))
+        rec = mrv2_trace.run(cfg, v1=spec["method"] == "spec_plugins_suffix_tree" or spec["method"] == "spec_plugins_ngram")
+        traces[name] = {"class": f"{type(built).__module__}.{type(built).__qualname__}", "steps": rec.steps,
+                        "drafted_rows": rec.drafted_rows, "compared_rows": rec.compared_rows,
+                        "accepted": rec.accepted, "mismatches": rec.mismatches[:5],
+                        "padding_mismatches": rec.padding_mismatches[:5], "warmup": rec.warmup,
+                        "resent": rec.resent}
+        # Two ranks: two speculators fed one trace at once, in two threads.
+        recs: list = [None, None]
+
+        def rank(i: int) -> None:
+            recs[i] = mrv2_trace.run(cfg, v1=False)
+
+        threads = [threading.Thread(target=rank, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        traces[name]["ranks_equal"] = recs[0].drafts == recs[1].drafts
+        traces[name]["ranks_equal_to_alone"] = recs[0].drafts == rec.drafts
+        # A dummy / profile run: drafts nothing, changes nothing.
+        spec_obj = built
+        before = spec_obj.drafting.step_count
+        dummy = spec_obj.propose(_dummy_batch(mrv2_trace), {}, {}, None, None, torch.ones(2, dtype=torch.int32), None,
+                                 None, None, None, None, dummy_run=True)
+        traces[name]["dummy"] = {"shape": list(dummy.shape), "steps_taken": spec_obj.drafting.step_count - before}
+    out["traces"] = traces
+    out["installed"] = [p.name for p in patches.PATCHES if patches.installed(p)]
+    return json.loads(json.dumps(out, default=str))
+
+
+def _req_states(trace: types.ModuleType):
+    import torch
+    from vllm.v1.worker.gpu.states import RequestState
+
+    trace.cpu_buffers()
+    return RequestState(max_num_reqs=trace.MAX_REQS, max_model_len=trace.MAX_LEN, max_num_batched_tokens=2048,
+                        num_speculative_steps=trace.K, vocab_size=512, device=torch.device("cpu"))
+
+
+def _dummy_batch(trace: types.ModuleType):
+    import torch
+    from vllm.v1.worker.gpu.input_batch import InputBatch, InputBuffers
+
+    return InputBatch.make_dummy(2, 2, InputBuffers(max_num_reqs=trace.MAX_REQS, max_num_tokens=64,
+                                                    device=torch.device("cpu")))
+
+
 def main() -> None:
     logging.getLogger("vllm").setLevel(logging.WARNING)
     if sys.argv[1] == "contract":
         report = contract()
     else:
         with open(sys.argv[2]) as f:
-            report = {"config": config, "load": load}[sys.argv[1]](json.load(f))
+            report = {"config": config, "load": load, "mrv2": mrv2}[sys.argv[1]](json.load(f))
     print("PROBE-REPORT " + json.dumps(report))
 
 

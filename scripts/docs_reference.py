@@ -18,7 +18,10 @@ from typing import Any
 
 # (heading, "module:Class[.Options]", where the keys are written)
 OPTION_MODELS: list[tuple[str, str, str]] = [
-    ("vLLM: `additional_config.spec_plugins`", "spec_plugins.vllm.settings:VllmSettings",
+    ("vLLM 0.34: `speculative_config.speculator_options`", "spec_plugins.settings:ProposerSettings",
+     "`vllm serve ... --speculative-config '{\"method\": \"spec_plugins_suffix_tree\", ..., "
+     "\"speculator_options\": {...}}'` (`proposer` is the method's own)"),
+    ("vLLM 0.32 / 0.33: `additional_config.spec_plugins`", "spec_plugins.vllm.settings:VllmSettings",
      "`vllm serve ... --additional-config '{\"spec_plugins\": {...}}'`, or `LLM(additional_config=...)`"),
     ("TensorRT-LLM: the `spec_plugins:` section", "spec_plugins.trtllm.settings:Settings",
      "the LLM-API YAML given to `spec-plugins trtllm serve --config`"),

@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
-# Creates .venv-vllm033: vLLM 0.33.0's own Python (the CUDA wheel, installed without its CUDA libraries) beside the
-# CPU torch, for the contract and config-level tests of the GPU code paths (`pytest -m vllm_contract`).
+# Creates .venv-vllm033 (or .venv-vllm034): vLLM 0.33.0's (0.34.0's) own Python, the CUDA wheel installed without
+# its CUDA libraries, beside the CPU torch, for the contract and config-level tests of the GPU code paths
+# (`pytest -m vllm_contract`).
 # Nothing in it runs a kernel: the wheel's compiled extensions need torch 2.14 and CUDA, and are never loaded.
 # Idempotent: a second run only checks what is there (a second).
-# Usage: scripts/setup_vllm_gpu_env.sh
+# Usage: scripts/setup_vllm_gpu_env.sh [0.33.0 | 0.34.0]   (default 0.33.0)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
-VLLM_VERSION=0.33.0
+VLLM_VERSION=${1:-0.33.0}
+case "$VLLM_VERSION" in
+  0.33.0) VENV=${SPEC_PLUGINS_VLLM_GPU_VENV:-$ROOT/.venv-vllm033} ;;
+  0.34.0) VENV=${SPEC_PLUGINS_VLLM034_VENV:-$ROOT/.venv-vllm034} ;;
+  *) echo "[setup-gpu] vLLM version: expected 0.33.0 or 0.34.0, got $VLLM_VERSION" >&2; exit 2 ;;
+esac
 TORCH_VERSION=2.13.0
-VENV=${SPEC_PLUGINS_VLLM_GPU_VENV:-$ROOT/.venv-vllm033}
 PY=${PYTHON:-python3}
 STAMP="$VENV/.spec-plugins-setup"
 want="vllm=$VLLM_VERSION;torch=$TORCH_VERSION;setup=$(sha1sum "$0" | cut -c1-12);pyproject=$(sha1sum pyproject.toml | cut -c1-12)"
@@ -52,6 +57,11 @@ echo "[setup-gpu] installing torch $TORCH_VERSION (CPU) and vLLM $VLLM_VERSION's
 pip_install "torch==$TORCH_VERSION"
 pip_install -r "$WHEELS/requirements.txt" "torch==$TORCH_VERSION"
 pip_install --no-deps "$WHEELS"/vllm-*.whl
+if [ "$VLLM_VERSION" = 0.34.0 ]; then
+  # 0.34's Triton-decorated modules run Triton's own code at import once vLLM reports Triton present (as it does on
+  # the stand-in CUDA platform of the config tests): the real package, not vLLM's placeholder. No kernel runs.
+  pip_install --no-deps "triton==3.9.0"
+fi
 # The compiled cores build here as in .venv; the package's extras are not needed by the contract tests.
 echo "[setup-gpu] installing spec-plugins (editable)"
 PYTHONWARNINGS="ignore:Editable installation" pip_install -e . "torch==$TORCH_VERSION" pytest

@@ -124,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tpot-ms", type=float, help="keep modelled time per output token under this")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp8"], help="weight/GEMM dtype (default bf16)")
     p.add_argument("--draft-us", type=float, default=5.0, help="model-free drafting cost per request, µs")
+    p.add_argument("--vllm-version", default="0.34",
+                   help="the vLLM the config is for: 0.34 (default; our registered methods) or 0.32 / 0.33 "
+                        "(custom_class)")
     p.add_argument("--out", required=True, help="output folder")
     p.set_defaults(func=_cmd_plan)
     return parser
@@ -137,6 +140,9 @@ def _cmd_plan(args: argparse.Namespace) -> None:
         raise ValueError(f"--mechanism: expected one of {', '.join(planner.MECHANISMS)}, got {args.mechanism!r}")
     if (args.hardware is None) == (args.profile is None):
         raise ValueError("expected exactly one of --hardware (with --model-config) or --profile")
+    if args.vllm_version.strip() not in ("0.32", "0.33", "0.34") and not args.vllm_version.startswith(
+            ("0.32.", "0.33.", "0.34.")):
+        raise ValueError(f"--vllm-version: expected 0.32, 0.33 or 0.34, got {args.vllm_version!r}")
     if args.draft_us < 0:
         raise ValueError(f"--draft-us: expected >= 0, got {args.draft_us}")
     paths = [a.strip() for a in args.acceptance.split(",") if a.strip()]
@@ -166,7 +172,7 @@ def _cmd_plan(args: argparse.Namespace) -> None:
                      draft_us_per_request=args.draft_us)
     the_plan = planner.plan(cost, stats, args.max_draft, args.max_batch, args.tpot_ms)
     title = f"{where}, {args.mechanism}, K<={args.max_draft}, acceptance: {', '.join(stats.sources)}"
-    paths = planner.write_plan(the_plan, cost, stats, args.mechanism, Path(args.out), title)
+    paths = planner.write_plan(the_plan, cost, stats, args.mechanism, Path(args.out), title, args.vllm_version)
     print(planner.guideline_table(the_plan, cost, stats), end="")
     for kind, path in paths.items():
         print(f"wrote {kind}: {path}")

@@ -31,16 +31,25 @@ class DemoRow:
     identical: bool
 
 
-def custom_class_config(proposer: str, k: int, policy_options: dict | None = None) -> tuple[dict, dict]:
-    """The --speculative-config and --additional-config that serve `proposer` (or `proposer+policy`)."""
-    spec = {"method": "custom_class", "model": "spec_plugins.vllm.SpecPluginsProposer", "num_speculative_tokens": k}
+def plugin_section(proposer: str, policy_options: dict | None = None) -> tuple[str, dict]:
+    """`proposer` (or `proposer+policy`) as (proposer, our settings without it)."""
     name, _, policy = proposer.partition("+")
-    section: dict = {"proposer": name}
+    section: dict = {}
     if policy:
         section["policy"] = policy
         if policy_options:  # none: the adaptive policy takes its prior from the engine's device
             section["policy_options"] = policy_options
-    return spec, {"spec_plugins": section}
+    return name, section
+
+
+def plugin_config(proposer: str, k: int, policy_options: dict | None = None,
+                  vllm_version: str | None = None) -> tuple[dict, dict | None]:
+    """The --speculative-config and --additional-config (None on vLLM 0.34+) that serve `proposer` (or
+    `proposer+policy`) on `vllm_version` (default: the installed vLLM)."""
+    from spec_plugins.vllm.settings import engine_config
+
+    name, section = plugin_section(proposer, policy_options)
+    return engine_config(name, k, section, vllm_version)
 
 
 NATIVE_METHODS = ("ngram", "suffix")
@@ -74,7 +83,7 @@ def run_demo(
     base = EngineRun(model=model, prompts=rounds[0], max_tokens=max_tokens, dtype=dtype, chat=True)
     specs = [base]
     for name in proposers:
-        spec, extra = custom_class_config(name, k, policy_options)
+        spec, extra = plugin_config(name, k, policy_options)
         specs.append(EngineRun(**{**base.__dict__, "speculative_config": spec, "additional_config": extra}))
     for method in native:
         specs.append(EngineRun(**{**base.__dict__, "speculative_config": native_config(method, k)}))

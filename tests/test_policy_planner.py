@@ -336,14 +336,21 @@ def test_shipped_cpu_profile_loads():
 
 
 def test_demo_runs_a_proposer_under_a_policy():
-    from spec_plugins.demo import custom_class_config
+    from spec_plugins.demo import plugin_config
 
-    spec, extra = custom_class_config("suffix_tree+adaptive", 8)
+    spec, extra = plugin_config("suffix_tree+adaptive", 8)
     assert spec["num_speculative_tokens"] == 8
     assert extra == {"spec_plugins": {"proposer": "suffix_tree", "policy": "adaptive"}}
-    assert custom_class_config("suffix_tree+adaptive", 8, {"hardware": "h200"})[1]["spec_plugins"][
+    assert plugin_config("suffix_tree+adaptive", 8, {"hardware": "h200"})[1]["spec_plugins"][
         "policy_options"] == {"hardware": "h200"}
-    assert custom_class_config("ngram", 4)[1] == {"spec_plugins": {"proposer": "ngram"}}
+    assert plugin_config("ngram", 4)[1] == {"spec_plugins": {"proposer": "ngram"}}
+    # vLLM 0.34+: our registered method, the same settings in speculator_options, no additional_config
+    assert plugin_config("suffix_tree+adaptive", 8, vllm_version="0.34.0") == (
+        {"method": "spec_plugins_suffix_tree", "num_speculative_tokens": 8, "speculator_options": {"policy": "adaptive"}},
+        None)
+    assert plugin_config("ngram", 4, vllm_version="0.34.1") == ({"method": "spec_plugins_ngram",
+                                                                 "num_speculative_tokens": 4}, None)
+    assert plugin_config("ngram", 4, vllm_version="0.33.0")[0]["method"] == "custom_class"
 
 
 def test_shipped_engine_configs_pass_the_engines_rules():

@@ -119,6 +119,23 @@ def test_hand_computed_walk() -> None:
     assert s["update_us_per_token"] is None
 
 
+def test_mrv2_accounting_verifies_the_filler_too() -> None:
+    """Model Runner V2 pads a draft to K with the last token and verifies all K: a filler slot that matches the truth
+    counts, and only then."""
+    truth = np.array([5, 6, 7, 7, 7, 9], np.int32)
+    assert replay.verified([5, 6], truth, None, 7) == 2
+    assert replay.verified([5, 6], truth, 5, 7) == 5  # 7, 7, 7 filler slots match
+    assert replay.verified([5, 9], truth, 5, 7) == 1
+    assert replay.verified([], truth, 3, 5) == 1 and replay.verified([], truth, None, 5) == 0
+    # the hand-computed walk above, counted as MRV2 verifies: at pos 6 the filler is 1 (the last token), truth 2
+    row = Row("x", np.array([5, 6, 7, 8, 5, 6], np.int32), np.array([7, 8, 5, 6, 7, 1, 2], np.int32))
+    w = walk(NgramProposer(), row, max_draft=3, fill=True)
+    assert list(zip(w.pos, w.drafted, w.accepted)) == [(1, 3, 3), (5, 3, 0), (6, 0, 0)]
+    row = Row("y", np.array([3, 4], np.int32), np.array([4, 4, 4, 4, 4], np.int32))
+    w = walk(NgramProposer(), row, max_draft=3, fill=True)
+    assert w.drafted[0] == 0 and w.accepted[0] == 3  # nothing drafted; the filler 4, 4, 4 is right
+
+
 def test_ngram_walk_matches_brute_force(rows) -> None:
     total = 0
     for row in rows:
@@ -326,3 +343,35 @@ def test_cli_concurrency(tmp_path, tok_dir, workload) -> None:
     assert report["config"]["concurrency"] == 2 and report["proposers"]["ngram"]["requests"] == len(TEXTS)
     assert replay.main(["--workload", str(workload), "--concurrency", "0", "--no-progress"]) == 2
     assert replay.main(["--workload", str(workload), "--concurrency", "2", "--batched", "--no-progress"]) == 2
+
+
+def test_continued_suffix_tree_extends_the_trees_draft_and_only_that(rows) -> None:
+    """The MRV2 filler candidate: the suffix tree's own draft, continued by the tree past where it stops."""
+    from spec_plugins.core import DraftRequest
+    from spec_plugins.registry import create_proposer
+
+    continued = replay.make_proposer("suffix_tree_continued")
+    plain = create_proposer("suffix_tree", {})
+    for row in rows:
+        seq = np.concatenate([row.prompt, row.response]).astype(np.int32)
+        seen = 0
+        for end in range(len(row.prompt) + 1, len(seq), 7):
+            req = DraftRequest(row.id, seq[:end], end - seen, K)
+            a, b = plain.propose([req])[0].tokens, continued.propose([req])[0].tokens
+            seen = end
+            assert list(b[: len(a)]) == list(a) and len(b) <= K
+        plain.finish(row.id)
+        continued.finish(row.id)
+
+    class Fixed:
+        def __init__(self, tokens):
+            self.tokens = tokens
+
+        def propose(self, requests):
+            return [Draft(list(self.tokens)) for _ in requests]
+
+    req = DraftRequest("x", np.arange(1, 9, dtype=np.int32), 8, 4)
+    continued.primary, continued.extender = Fixed([3, 4]), Fixed([3, 4, 5, 6, 7, 8])
+    assert continued.propose([req])[0].tokens == [3, 4, 5, 6]  # continued up to K
+    continued.extender = Fixed([3, 9, 9])
+    assert continued.propose([req])[0].tokens == [3, 4]  # another path: the draft stays as it is

@@ -20,7 +20,9 @@ from spec_plugins.trtllm.versions import check_trtllm_config, check_vllm_specula
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 TRTLLM_FILES = sorted((CONFIGS / "trtllm").glob("*.yaml"))
-VLLM_FILES = sorted((CONFIGS / "vllm").glob("*.json"))
+# configs/vllm: vLLM 0.34 (our registered methods) and vLLM's own methods; configs/vllm/v0.33: custom_class for 0.32 /
+# 0.33.
+VLLM_FILES = sorted((CONFIGS / "vllm").glob("*.json")) + sorted((CONFIGS / "vllm" / "v0.33").glob("*.json"))
 NEW_TRTLLM = ["suffix_tree-adaptive", "ngram-adaptive", "native-ngram", "native-eagle3", "native-draft-target",
               "native-mtp", "native-dflash", "native-dspark", "native-sa"]
 NEW_VLLM = ["suffix_tree-adaptive", "ngram-adaptive", "native-ngram", "native-suffix", "native-eagle3",
@@ -59,13 +61,21 @@ def test_planner_files_without_a_header_are_read_as_1_2_only():
     assert versions.declared_trtllm_versions(text) == ["1.2"]
 
 
-@pytest.mark.parametrize("path", VLLM_FILES, ids=lambda p: p.name)
-def test_vllm_config_passes_0_32_and_0_33(path):
+@pytest.mark.parametrize("path", VLLM_FILES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_vllm_config_passes_the_versions_of_its_folder(path):
+    """configs/vllm/v0.33: vLLM 0.32 and 0.33 (custom_class); configs/vllm: 0.34, and our files nothing older."""
     spec, additional = split_vllm_file(json.loads(path.read_text()))
-    for version in versions.VLLM_VERSIONS:
+    old = path.parent.name == "v0.33"
+    ours = spec["method"].startswith("spec_plugins_") or spec["method"] == "custom_class"
+    for version in ("0.32", "0.33") if old else ("0.34",):
         check_vllm_speculative_config(spec, version)
-    assert check_config_file(path).startswith("vllm")
-    assert (additional is not None) == path.stem.endswith("-adaptive")
+    if ours and not old:
+        with pytest.raises(ValueError, match="vLLM 0.32"):
+            check_vllm_speculative_config(spec, "0.32")
+    assert check_config_file(path) == ("vllm 0.32, 0.33" if old else "vllm 0.34" if ours else "vllm 0.32, 0.33, 0.34")
+    assert (additional is not None) == (old and path.stem.endswith("-adaptive"))
+    if ours and not old and path.stem.endswith("-adaptive"):
+        assert spec["speculator_options"]["policy"] == "adaptive" and spec["enable_adaptive_verification"] is True
 
 
 @pytest.mark.parametrize("name", ["suffix_tree-adaptive", "ngram-adaptive"])
@@ -80,18 +90,21 @@ def test_our_sections_build_a_real_proposer_and_policy(name):
     policy.bind_model(json.loads((CONFIGS / "models" / "llama-3.1-8b.json").read_text()), device="cpu")
     assert policy.trim([DraftRequest(1, [1, 2, 3], 1, 4)], [Draft([1, 2, 3, 4], confidence=[0.9] * 4)])[0] in range(5)
     assert policy.cost is not None and "prior from the engine's device" in policy.cost_source
-    doc = json.loads((CONFIGS / "vllm" / f"{name}.json").read_text())
+    doc = json.loads((CONFIGS / "vllm" / "v0.33" / f"{name}.json").read_text())
     vllm_section = doc["additional_config"]["spec_plugins"]
     assert vllm_section["policy"] == "adaptive" and "policy_options" not in vllm_section
+    options = json.loads((CONFIGS / "vllm" / f"{name}.json").read_text())["speculator_options"]
+    assert options == vllm_section  # vLLM 0.34: the same settings, in speculator_options
 
 
 def test_trtllm_and_vllm_adaptive_configs_plan_the_same_k():
     for name in ("suffix_tree-adaptive", "ngram-adaptive"):
         trt, _ = load_launch_config(CONFIGS / "trtllm" / f"{name}.yaml")
-        vllm = json.loads((CONFIGS / "vllm" / f"{name}.json").read_text())["speculative_config"]
-        assert trt["speculative_config"]["max_draft_len"] == vllm["num_speculative_tokens"]
-        starts = {start: k for start, _, k in vllm["num_speculative_tokens_per_batch_size"]}
-        assert starts == trt["speculative_config"]["draft_len_schedule"]
+        for vllm in (json.loads((CONFIGS / "vllm" / "v0.33" / f"{name}.json").read_text())["speculative_config"],
+                     json.loads((CONFIGS / "vllm" / f"{name}.json").read_text())):
+            assert trt["speculative_config"]["max_draft_len"] == vllm["num_speculative_tokens"]
+            starts = {start: k for start, _, k in vllm["num_speculative_tokens_per_batch_size"]}
+            assert starts == trt["speculative_config"]["draft_len_schedule"]
 
 
 def test_the_vllm_key_lists_match_the_installed_vllm():

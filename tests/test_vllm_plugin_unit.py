@@ -171,20 +171,22 @@ def test_without_the_plugin_rows_stand_for_requests():
 
 
 def test_unsupported_version_warns_once_and_patches_nothing(monkeypatch, caplog):
-    monkeypatch.setattr(plugin, "_vllm_version", lambda: "0.34.1")
+    monkeypatch.setattr(plugin, "_vllm_version", lambda: "0.35.1")
     Runner = runner_class()
     orig = Runner.__dict__["propose_draft_token_ids"]
     with caplog.at_level(logging.WARNING, logger=plugin.logger.name):
         plugin.register()
         plugin.register()
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1
-    assert "0.34.1" in warnings[0] and "0.32.x, 0.33.x" in warnings[0] and "row keys" in warnings[0]
+    assert len(warnings) == 1 and "\n" not in warnings[0]
+    assert "vLLM 0.35.1 is not supported (supported: 0.32.x, 0.33.x, 0.34.x)" in warnings[0]
+    assert "not registered" in warnings[0]
     assert plugin.install(Runner) is False
     assert Runner.__dict__["propose_draft_token_ids"] is orig
 
 
-@pytest.mark.parametrize("found, ok", [("0.33.0", True), ("0.32.0+cpu", True), ("0.31.9", False),
+@pytest.mark.parametrize("found, ok", [("0.33.0", True), ("0.32.0+cpu", True), ("0.34.0", True), ("0.31.9", False),
+                                       ("0.35.0", False),
                                        ("1.32.0", False), ("dev", False), (None, False)])
 def test_version_range(found, ok):
     assert plugin._supported(found) is ok

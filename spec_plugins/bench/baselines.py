@@ -147,7 +147,40 @@ class VllmNgram:
         pass
 
 
-BASELINES: dict[str, type] = {"arctic": ArcticSuffix, "vllm_ngram": VllmNgram}
+class ContinuedSuffixTree:
+    """Our suffix tree's draft, then the tree's own continuation past where it stops, up to K: the other filler
+    candidate for vLLM 0.34's Model Runner V2, which verifies all K slots (`--accounting mrv2`). The continuation
+    comes from a second tree fed the same contexts, with no probability floor and no length budget; where its path
+    does not start with the draft, the draft stays as it is (the rest is then filled with the last token)."""
+
+    name = "suffix_tree_continued"
+    EXTEND = {"min_token_prob": 0.0, "max_spec_factor": 1000.0, "copy_min_prob": 0.0}
+
+    class Options(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(extra="forbid")
+
+    def __init__(self) -> None:
+        from spec_plugins.registry import create_proposer
+
+        self.primary = create_proposer("suffix_tree", {})
+        self.extender = create_proposer("suffix_tree", self.EXTEND)
+
+    def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        out = []
+        for r, d, e in zip(requests, self.primary.propose(requests), self.extender.propose(requests)):
+            tokens, longer = list(d.tokens), list(e.tokens)
+            if len(tokens) < r.max_draft and longer[: len(tokens)] == tokens:
+                tokens = longer[: r.max_draft]
+            out.append(Draft(tokens))
+        return out
+
+    def finish(self, req_id: Hashable) -> None:
+        self.primary.finish(req_id)
+        self.extender.finish(req_id)
+
+
+BASELINES: dict[str, type] = {"arctic": ArcticSuffix, "vllm_ngram": VllmNgram,
+                              "suffix_tree_continued": ContinuedSuffixTree}
 
 
 def create_baseline(name: str, options: dict[str, Any] | None = None) -> Any:

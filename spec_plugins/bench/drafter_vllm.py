@@ -39,11 +39,11 @@ def block_k(ckpt: str) -> int:
 
 def configurations(args: argparse.Namespace) -> dict[str, tuple[dict | None, dict | None, int]]:
     """name -> (speculative_config, additional_config, K)."""
-    from spec_plugins.demo import custom_class_config
+    from spec_plugins.demo import plugin_config
 
     out: dict[str, tuple[dict | None, dict | None, int]] = {"none": (None, None, 0)}
     k_suffix = block_k(args.dspark) if args.dspark else args.k
-    spec, extra = custom_class_config("suffix_tree", k_suffix)
+    spec, extra = plugin_config("suffix_tree", k_suffix)
     out["suffix_tree"] = (spec, extra, k_suffix)
     for kind in ("dflash", "dspark"):
         ckpt = getattr(args, kind)

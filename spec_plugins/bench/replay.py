@@ -252,12 +252,21 @@ def accepted_prefix(draft: Sequence[int], truth: np.ndarray) -> int:
     return int(miss[0]) if miss.size else len(d)
 
 
+def verified(draft: Sequence[int], truth: np.ndarray, fill_to: int | None, last: int) -> int:
+    """Tokens accepted of `draft`; with `fill_to`, of the draft padded to that width with `last` (the last committed
+    token), as vLLM's Model Runner V2 verifies every one of its K slots, filler included."""
+    if fill_to is not None and len(draft) < fill_to:
+        draft = list(draft) + [last] * (fill_to - len(draft))
+    return accepted_prefix(draft, truth)
+
+
 def walk(proposer: Proposer, row: Row, max_draft: int, req_id: Hashable | None = None,
-         clock: Callable[[], int] = time.perf_counter_ns, batched: bool = False) -> Walk:
+         clock: Callable[[], int] = time.perf_counter_ns, batched: bool = False, fill: bool = False) -> Walk:
     """Replay `row` through `proposer` as a greedy engine would (see the module docstring).
 
     batched: draft through the proposer's batched serving path (`propose_batch`, one row a step) where
-    it has one, instead of `propose`; the drafts must be the same."""
+    it has one, instead of `propose`; the drafts must be the same.
+    fill: count acceptance as Model Runner V2 verifies, every draft padded to `max_draft` with the last token."""
     batch_path = batched and isinstance(proposer, BatchProposer)
     reports_kind = isinstance(proposer, ReportsDraftKind)
     req_id = row.id if req_id is None else req_id
@@ -277,7 +286,7 @@ def walk(proposer: Proposer, row: Row, max_draft: int, req_id: Hashable | None =
         took = clock() - t0
         check_drafts([req], drafts)
         draft = drafts[0]
-        a = accepted_prefix(draft.tokens, seq[end:])
+        a = verified(draft.tokens, seq[end:], max_draft if fill else None, int(seq[end - 1]))
         out.record(i, draft, a, proposer.draft_kind(req_id) if reports_kind and draft.tokens else None, took)
         seen = end
         i += a + 1
@@ -289,7 +298,7 @@ def walk(proposer: Proposer, row: Row, max_draft: int, req_id: Hashable | None =
 
 
 def walk_interleaved(proposer: Proposer, rows: Sequence[Row], max_draft: int, concurrency: int,
-                     clock: Callable[[], int] = time.perf_counter_ns) -> list[Walk]:
+                     clock: Callable[[], int] = time.perf_counter_ns, fill: bool = False) -> list[Walk]:
     """Replay `rows` with up to `concurrency` of them in flight, one `propose` call a step over all of them;
     returns their walks in row order (each as `walk` would record it, but for the neighbours it drafted beside)."""
     reports_kind = isinstance(proposer, ReportsDraftKind)
@@ -316,7 +325,7 @@ def walk_interleaved(proposer: Proposer, rows: Sequence[Row], max_draft: int, co
         check_drafts(reqs, drafts)
         for r, req, draft in zip(order, reqs, drafts):
             out, end = walks[r], len(req.tokens)
-            a = accepted_prefix(draft.tokens, seqs[r][end:])
+            a = verified(draft.tokens, seqs[r][end:], max_draft if fill else None, int(seqs[r][end - 1]))
             out.record(flight[r][0], draft, a,
                        proposer.draft_kind(req.req_id) if reports_kind and draft.tokens else None, share)
             flight[r] = [flight[r][0] + a + 1, end]
@@ -424,14 +433,14 @@ class WorkloadResult:
 def run_workload(name: str, file: str, rows: list[Row], proposers: list[str],
                  options: dict[str, dict[str, Any]], max_draft: int,
                  advance: Callable[[], None] = lambda: None, batched: bool = False,
-                 concurrency: int = 1) -> WorkloadResult:
+                 concurrency: int = 1, fill: bool = False) -> WorkloadResult:
     instances = {p: make_proposer(p, options.get(p)) for p in proposers}
     walks: dict[str, list[Walk]] = {p: [] for p in proposers}
     wall = {p: 0.0 for p in proposers}
     if concurrency > 1:  # each proposer replays the whole workload in turn, its requests interleaved
         for p, inst in instances.items():
             t0 = time.perf_counter()
-            walks[p] = walk_interleaved(inst, rows, max_draft, concurrency)
+            walks[p] = walk_interleaved(inst, rows, max_draft, concurrency, fill=fill)
             wall[p] += time.perf_counter() - t0
             for _ in rows:
                 advance()
@@ -439,7 +448,7 @@ def run_workload(name: str, file: str, rows: list[Row], proposers: list[str],
         for row in rows:
             for p, inst in instances.items():  # proposers take turns row by row
                 t0 = time.perf_counter()
-                walks[p].append(walk(inst, row, max_draft, batched=batched))
+                walks[p].append(walk(inst, row, max_draft, batched=batched, fill=fill))
                 wall[p] += time.perf_counter() - t0
                 advance()
     updates: dict[str, tuple[int, int] | None] = {}
@@ -536,6 +545,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="draft through each proposer's batched serving path (propose_batch) where it has one")
     ap.add_argument("--concurrency", type=int, default=1,
                     help="requests in flight at once, interleaved step by step as an engine batches them (default 1)")
+    ap.add_argument("--accounting", choices=("drafted", "mrv2"), default="drafted",
+                    help="drafted: only drafted tokens are verified (vLLM's V1 runner, TensorRT-LLM); mrv2: every "
+                         "draft is padded to K with the last token and all K verified (vLLM 0.34's Model Runner V2)")
     args = ap.parse_args(argv)
 
     from rich.console import Console
@@ -595,12 +607,13 @@ def main(argv: list[str] | None = None) -> int:
             progress.update(task, description=f"replay {name}")
             results.append(run_workload(name, f, rows, names, options, args.max_draft,
                                         lambda: progress.advance(task), batched=args.batched,
-                                        concurrency=args.concurrency))
+                                        concurrency=args.concurrency, fill=args.accounting == "mrv2"))
 
     report: dict[str, Any] = {
         "format": RESULT_FORMAT,
         "config": {"max_draft": args.max_draft, "proposers": names, "options": options, "tokenizer": tok.path,
-                   "limit": args.limit, "baseline": baseline, "concurrency": args.concurrency},
+                   "limit": args.limit, "baseline": baseline, "concurrency": args.concurrency,
+                   "accounting": args.accounting},
         "workloads": {r.name: workload_json(r, notes) for r in results},
         "proposers": pooled_json(results, notes),
     }
@@ -608,7 +621,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         w = report["workloads"][r.name]
         out.print(render_table(f"{r.name}: {w['rows']} requests, {w['response_tokens']} response tokens, "
-                               f"K={args.max_draft}" + (f", {args.concurrency} at once" if args.concurrency > 1 else ""),
+                               f"K={args.max_draft}" + (f", {args.concurrency} at once" if args.concurrency > 1 else "")
+                               + (", all K verified (MRV2)" if args.accounting == "mrv2" else ""),
                                w["proposers"], baseline))
     if len(results) > 1:
         out.print(render_table(f"all workloads, K={args.max_draft}", report["proposers"], baseline))

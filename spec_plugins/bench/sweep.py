@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from spec_plugins.bench.vllm_run import round_order
-from spec_plugins.demo import custom_class_config, native_config
+from spec_plugins.demo import native_config, plugin_config, plugin_section
 from spec_plugins.bench.workloads import Prompt, load_workload
 
 FORMAT = "spec-plugins-sweep/1"
@@ -81,12 +81,18 @@ class Config:
             return native_config(self.method, self.k)
         if self.method.startswith("dflash:"):
             return {"method": "dflash", "model": self.method[len("dflash:"):], "num_speculative_tokens": self.k}
-        return custom_class_config(self.method.removeprefix("spec_plugins:"), self.k)[0]
+        return plugin_config(self.method.removeprefix("spec_plugins:"), self.k, dict(self.policy_options))[0]
 
     def additional_config(self) -> dict | None:
+        """vLLM 0.32 / 0.33 only: our settings travel in speculator_options on 0.34+."""
         if self.method == "none" or self.method in NATIVE or self.method.startswith("dflash:"):
             return None
-        return custom_class_config(self.method.removeprefix("spec_plugins:"), self.k, dict(self.policy_options))[1]
+        return plugin_config(self.method.removeprefix("spec_plugins:"), self.k, dict(self.policy_options))[1]
+
+    def plugin_section(self) -> dict:
+        """Our settings, whatever the vLLM version: the `spec_plugins` section of the TensorRT-LLM YAML."""
+        name, section = plugin_section(self.method.removeprefix("spec_plugins:"), dict(self.policy_options))
+        return {"spec_plugins": {"proposer": name, **section}}
 
     def serve_args(self) -> list[str]:
         args = []
@@ -115,7 +121,7 @@ class Config:
             head = "# TensorRT-LLM's DFlash (1.3+):\n#   trtllm-serve MODEL --backend pytorch --config THIS\n"
         else:
             doc = {"speculative_config": {"decoding_type": "UserProvided", "max_draft_len": self.k},
-                   "disable_overlap_scheduler": True, **(self.additional_config() or {})}
+                   "disable_overlap_scheduler": True, **self.plugin_section()}
             head = "# Our proposer as a TensorRT-LLM user-provided drafter:\n#   spec-plugins trtllm serve MODEL --config THIS\n"
         return head + yaml.safe_dump(doc, sort_keys=False)
 

