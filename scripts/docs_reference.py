@@ -42,6 +42,9 @@ OPTION_MODELS: list[tuple[str, str, str]] = [
      "`python -m spec_plugins.bench.replay --options 'arctic={...}'`"),
     ("Replay baseline `vllm_ngram` (benchmarks only)", "spec_plugins.bench.baselines:VllmNgram.Options",
      "`python -m spec_plugins.bench.replay --options 'vllm_ngram={...}'`"),
+    ("Replay candidate `suffix_tree_continued` (benchmarks only; no options)",
+     "spec_plugins.bench.baselines:ContinuedSuffixTree.Options",
+     "`python -m spec_plugins.bench.replay --proposers suffix_tree,suffix_tree_continued --accounting mrv2`"),
 ]
 
 

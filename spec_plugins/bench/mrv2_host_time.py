@@ -6,7 +6,8 @@
 B code-edit requests (`step_overhead.rewrite_streams`: standard-library files of 2-4k tokens, SmolLM2 tokens) are
 added to vLLM 0.34's own `RequestState` on CPU tensors and stepped as the runner steps them: each step appends the
 next 1-4 true tokens of every request to the token history (what `post_update` writes) and calls `propose` with
-`num_sampled`, then the V1 adapter (`spec_plugins.vllm.SuffixTree`) on the same contexts, in turns. Both run the
+`num_sampled`, and the V1 adapter (`spec_plugins.vllm.SuffixTree`) on the same contexts, in turns (each first every
+other step). Both run the
 same drafting layer and compiled core, so the difference is what MRV2 adds on the host: the host mirror of the
 lengths, the filler and the [B, K] matrix, the pinned-buffer copy (here a memcpy).
 
@@ -99,16 +100,19 @@ def measure(streams: list[np.ndarray], batches: list[int], steps: int, warmup: i
                 n, c = int(batch.num_tokens[i]), int(sampled_counts[i])
                 history[slots[i], n - c: n] = batch.token_ids_cpu[i, n - c: n]
             num_sampled = torch.from_numpy(sampled_counts.copy())
-            t0 = time.perf_counter()
-            out = mrv2.propose(ib, {}, {}, None, None, num_sampled, None, None, None, None, None,
-                               num_speculative_tokens=k)
-            t1 = time.perf_counter()
-            old = v1.propose(batch.sampled, batch.num_tokens, batch.token_ids_cpu)
-            t2 = time.perf_counter()
+            took = {}
+            for who in ("mrv2", "v1") if step % 2 else ("v1", "mrv2"):  # in turns, each first every other step
+                t0 = time.perf_counter()
+                if who == "mrv2":
+                    out = mrv2.propose(ib, {}, {}, None, None, num_sampled, None, None, None, None, None,
+                                       num_speculative_tokens=k)
+                else:
+                    old = v1.propose(batch.sampled, batch.num_tokens, batch.token_ids_cpu)
+                took[who] = (time.perf_counter() - t0) * 1e6
             same = same and all(list(out[i, : len(d)].tolist()) == list(d) for i, d in enumerate(old))
             if step >= warmup:
-                mrv2_us.append((t1 - t0) * 1e6)
-                v1_us.append((t2 - t1) * 1e6)
+                mrv2_us.append(took["mrv2"])
+                v1_us.append(took["v1"])
             batch.advance()
             sampled_counts = np.array([len(s) for s in batch.sampled], dtype=np.int32)
         m2, m1 = statistics.median(mrv2_us), statistics.median(v1_us)

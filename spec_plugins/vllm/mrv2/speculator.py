@@ -192,13 +192,14 @@ class SpecPluginsSpeculator(BaseSpeculator):
             rows = np.flatnonzero(live)
             live_ids = [ids[i] for i in rows.tolist()]
             present = [ids[i] for i in np.flatnonzero(~live & ~warm).tolist()]  # prefill chunks in progress
-        lens = totals[rows]
+        lens, new = totals[rows], sampled[rows]
+        accepted = new - 1
         caps = np.minimum(np.maximum(self.max_model_len - 1 - lens, 0), max(k, 0))
-        drafts = self.drafting.step(live_ids, self.history, lens, rows=slots[rows], num_new=sampled[rows],
-                                    accepted=sampled[rows] - 1, max_draft=caps, present=present)
+        drafts = self.drafting.step(live_ids, self.history, lens, rows=slots[rows], num_new=new,
+                                    accepted=accepted, max_draft=caps, present=present)
         drafts.write_padded(out, rows, confidence_out=conf)
         if self._trace is not None:
-            self._trace.step(live_ids, start, drafts.lengths, sampled[rows] - 1)
+            self._trace.step(live_ids, start, drafts.lengths, accepted)
         if conf is not None and self.draft_token_confidence_probs is not self._host_conf:
             self.draft_token_confidence_probs[:n].copy_(self._host_conf[:n], non_blocking=True)
         if self._out is self._host_out:
