@@ -80,10 +80,14 @@ class Record:
     warmup: dict = field(default_factory=dict)  # what the warm-up left behind
     resent: list = field(default_factory=list)  # re-sent requests: (id, tokens handed in again)
     drafts: list = field(default_factory=list)  # every step's [n, K] matrix, as lists
+    confidences: list = field(default_factory=list)  # under adaptive verification: every step's [n, K] confidences
+    confidence_problems: list = field(default_factory=list)  # a confidence outside [0, 1], or above 0 on filler
 
 
 def run(vllm_config: Any, *, v1: bool = True, chunk: int = 40, preempt: tuple[str, int] = ("req-2", 6),
-        seed: int = 0, speculator: Any = None) -> Record:
+        seed: int = 0, device_copy: bool = False) -> Record:
+    """One pass of the trace. device_copy: the speculator's output and confidences go through buffers of their own,
+    as on a GPU (there a device tensor filled by a copy from the pinned host buffer; here a second CPU tensor)."""
     from vllm.v1.worker.gpu.input_batch import InputBatch, InputBuffers
     from vllm.v1.worker.gpu.spec_decode import init_speculator
     from vllm.v1.worker.gpu.states import RequestState
@@ -92,12 +96,11 @@ def run(vllm_config: Any, *, v1: bool = True, chunk: int = 40, preempt: tuple[st
     device = torch.device("cpu")
     req_states = RequestState(max_num_reqs=MAX_REQS, max_model_len=MAX_LEN, max_num_batched_tokens=2048,
                               num_speculative_steps=K, vocab_size=512, device=device)
-    spec = speculator or init_speculator(vllm_config, device, req_states)
-    if speculator is not None:
-        spec.req_states = req_states
-    from spec_plugins.vllm.mrv2.speculator import host_token_history
-
-    spec.history = host_token_history(req_states)
+    spec = init_speculator(vllm_config, device, req_states)
+    if device_copy:
+        spec._out = torch.zeros_like(spec._host_out)
+        if spec.enable_adaptive_verification:
+            spec.draft_token_confidence_probs = torch.zeros_like(spec._host_conf)
     history = spec.history
     buffers = InputBuffers(max_num_reqs=MAX_REQS, max_num_tokens=2048, device=device)
     old = None
@@ -189,6 +192,16 @@ def run(vllm_config: Any, *, v1: bool = True, chunk: int = 40, preempt: tuple[st
             lv.out_len += ns
             contexts.append(np.concatenate([lv.req["prompt"], lv.req["truth"][: lv.out_len]]))
         drafts = _step(spec, buffers, InputBatch, batch, sampled, history)
+        if spec.enable_adaptive_verification:
+            conf = spec.draft_token_confidence_probs[: len(batch)].numpy().copy()
+            rec.confidences.append(conf.round(6).tolist())
+            lengths = np.zeros(len(batch), dtype=np.int64)
+            rows, drafted = spec.last_drafted
+            lengths[rows] = drafted
+            for lv, c, d in zip(batch, conf, lengths):
+                if (c[d:] != 0).any() or (c[:d] <= 0).any() or (c[:d] > 1).any():
+                    rec.confidence_problems.append({"step": step, "req": lv.req["id"], "conf": c.tolist(),
+                                                    "drafted": int(d)})
         rec.warmup["context_warmup_tracked"] += spec.drafting.is_tracked("_context_warmup_0_")
         rec.steps += 1
         rec.drafts.append(drafts.tolist())

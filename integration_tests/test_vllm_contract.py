@@ -443,7 +443,14 @@ def mrv2(python_for, tmp_path_factory):
              "direct": {"good": {**ours, "speculator_options": {"policy": "adaptive"}},
                         "unknown-key": {**ours, "speculator_options": {"bogus": 1}},
                         "ngram-default-k": {"method": "spec_plugins_ngram"}},
-             "traces": {"suffix_tree": ours, "ngram": {"method": "spec_plugins_ngram", "num_speculative_tokens": 8}}}
+             "traces": {"suffix_tree": {"speculative_config": ours},
+                        "ngram": {"speculative_config": {"method": "spec_plugins_ngram", "num_speculative_tokens": 8}},
+                        # as on a GPU: the policy's cuts as confidences, device buffers of their own, two TP ranks
+                        "suffix_tree_adaptive": {"v1": False, "device_copy": True, "tensor_parallel_size": 2,
+                                                 "speculative_config": {
+                                                     **ours, "enable_adaptive_verification": True,
+                                                     "speculator_options": {"policy": "adaptive", "policy_options": {
+                                                         "hardware": "h100"}}}}}}
     path = folder / "mrv2.json"
     path.write_text(json.dumps(setup))
     out["mrv2"] = probe(python, "mrv2", str(path), env=env)
@@ -535,10 +542,11 @@ def test_mrv2_speculator_lifecycle(mrv2):
     assert trace["dummy"] == {"shape": [2, 8], "steps_taken": 0}
 
 
-@pytest.mark.parametrize("method", ["suffix_tree", "ngram"])
+@pytest.mark.parametrize("method", ["suffix_tree", "ngram", "suffix_tree_adaptive"])
 def test_mrv2_ranks_draft_the_same_tokens(mrv2, method):
     """Tensor parallelism: one speculator per rank, no collective. Two fed one trace at once, in two threads (the
-    suffix tree's worker threads on, as beside a GPU), draft the same tokens at every step, and as one alone."""
+    suffix tree's worker threads on, as beside a GPU), draft the same tokens at every step, and as one alone; under
+    the adaptive policy with two ranks, the same confidences too."""
     trace = mrv2["mrv2"]["traces"][method]
     assert trace["ranks_equal"] and trace["ranks_equal_to_alone"], trace
 
@@ -583,3 +591,12 @@ def test_docs_mrv2_table_is_what_the_tests_found(mrv2):
         assert runner.startswith("V2") and found["v2"], label
         assert scheduling.startswith("on" if found["async_scheduling"] else "off"), label
         assert graphs == found["cudagraph_mode"], label
+
+
+def test_mrv2_adaptive_policy_speaks_through_confidences(mrv2):
+    """With adaptive verification on, the policy's cuts reach vLLM as per-position confidences: the proposer's own
+    estimates in (0, 1] over each drafted token, 0 on the filler, in buffers copied as to a device."""
+    trace = mrv2["mrv2"]["traces"]["suffix_tree_adaptive"]
+    assert trace["confidence_steps"] == trace["steps"] > 40, trace
+    assert trace["drafted_rows"] > 100 and trace["accepted"] > 300, trace
+    assert trace["confidence_problems"] == [], trace

@@ -301,29 +301,32 @@ def mrv2(setup: dict) -> dict:
             direct[name] = {"error": f"{type(exc).__name__}: {exc}"}
     out["direct"] = direct
     traces = {}
-    for name, spec in setup["traces"].items():
+    for name, run in setup["traces"].items():
+        spec = run["speculative_config"]
         cfg = EngineArgs(model=setup["target"], max_model_len=mrv2_trace.MAX_LEN,
                          speculative_config=spec).create_engine_config()
+        cfg.parallel_config.tensor_parallel_size = run.get("tensor_parallel_size", 1)  # what each rank's config says
         built = init_speculator(cfg, torch.device("cpu"), _req_states(mrv2_trace))
-        rec = mrv2_trace.run(cfg, v1=spec["method"] == "spec_plugins_suffix_tree" or spec["method"] == "spec_plugins_ngram")
+        rec = mrv2_trace.run(cfg, v1=run.get("v1", True), device_copy=run.get("device_copy", False))
         traces[name] = {"class": f"{type(built).__module__}.{type(built).__qualname__}", "steps": rec.steps,
                         "drafted_rows": rec.drafted_rows, "compared_rows": rec.compared_rows,
                         "accepted": rec.accepted, "mismatches": rec.mismatches[:5],
                         "padding_mismatches": rec.padding_mismatches[:5], "warmup": rec.warmup,
-                        "resent": rec.resent}
+                        "resent": rec.resent, "confidence_steps": len(rec.confidences),
+                        "confidence_problems": rec.confidence_problems[:5]}
         # Two ranks: two speculators fed one trace at once, in two threads.
         recs: list = [None, None]
 
         def rank(i: int) -> None:
-            recs[i] = mrv2_trace.run(cfg, v1=False)
+            recs[i] = mrv2_trace.run(cfg, v1=False, device_copy=run.get("device_copy", False))
 
         threads = [threading.Thread(target=rank, args=(i,)) for i in range(2)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        traces[name]["ranks_equal"] = recs[0].drafts == recs[1].drafts
-        traces[name]["ranks_equal_to_alone"] = recs[0].drafts == rec.drafts
+        traces[name]["ranks_equal"] = (recs[0].drafts, recs[0].confidences) == (recs[1].drafts, recs[1].confidences)
+        traces[name]["ranks_equal_to_alone"] = (recs[0].drafts, recs[0].confidences) == (rec.drafts, rec.confidences)
         # A dummy / profile run: drafts nothing, changes nothing.
         spec_obj = built
         before = spec_obj.drafting.step_count

@@ -25,7 +25,8 @@ written again. On vLLM's CPU platform every buffer is host memory and the copies
 
 Under tensor parallelism each rank builds its own speculator and no collective runs: every rank drafts the same
 tokens because the drafting layer and the proposers are deterministic in the sequence of calls, which the runner
-makes the same on every rank (finished ids are taken in sorted order, as vLLM's own `suffix` does).
+makes the same on every rank (finished ids are taken in sorted order, as vLLM's own `suffix` does), and because with
+more than one rank the adaptive policy is given no clock (its fit to measured step times would differ by rank).
 """
 
 from __future__ import annotations
@@ -124,9 +125,13 @@ class SpecPluginsSpeculator(BaseSpeculator):
         if isinstance(policy, BindsModel):  # `policy: adaptive`: cost the engine's model on its device
             policy.bind_model(self.vllm_config.model_config.hf_config.to_dict(),
                               source="vLLM model_config.hf_config", device=engine_device(self.vllm_config))
+        # Under tensor parallelism every rank must draft (and rate) the same tokens, so nothing may depend on this
+        # rank's clock: the policy then costs steps by its model alone, without the fit to measured step times.
+        tp = int(getattr(getattr(self.vllm_config, "parallel_config", None), "tensor_parallel_size", 1) or 1)
         drafting = DraftingLayer(proposer, policy, who=f"proposer {self.settings.proposer!r}",
                                  stale_steps=self.stale_steps,
-                                 on_finish=self._trace.finish if self._trace else None, clock=time.perf_counter)
+                                 on_finish=self._trace.finish if self._trace else None,
+                                 clock=time.perf_counter if tp == 1 else None)
         drafting.engine_on_accelerator(engine_device(self.vllm_config) != "cpu")
         if self._trace is not None:
             self._trace.start(drafting, self.settings.proposer, self.settings.policy, self.num_speculative_tokens)
@@ -198,6 +203,7 @@ class SpecPluginsSpeculator(BaseSpeculator):
         drafts = self.drafting.step(live_ids, self.history, lens, rows=slots[rows], num_new=new,
                                     accepted=accepted, max_draft=caps, present=present)
         drafts.write_padded(out, rows, confidence_out=conf)
+        self.last_drafted = (rows, drafts.lengths)  # batch rows that drafted, and how many tokens each (not filler)
         if self._trace is not None:
             self._trace.step(live_ids, start, drafts.lengths, accepted)
         if conf is not None and self.draft_token_confidence_probs is not self._host_conf:
