@@ -89,8 +89,10 @@ def test_planner_config_runs_natively_and_in_our_adapter(tiny_llama, baseline, t
     path.write_text(json.dumps(trace))
     stats = planner.AcceptanceStats.from_traces(load_traces([path]))
     p = planner.plan(RooflineCost("h200", "llama-3.1-8b"), stats, K, max_batch=256)
+    from spec_plugins.vllm.settings import installed_vllm
+
     for mechanism in ("ngram", "suffix_tree"):
-        conf = planner.vllm_speculative_config(p, mechanism)
+        conf = planner.vllm_speculative_config(p, mechanism, installed_vllm())  # the form of the engine it runs on
         res = run(_spec(tiny_llama, conf))
         assert res.error is None, res.error
         assert res.token_ids == baseline.token_ids
