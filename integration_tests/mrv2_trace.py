@@ -196,8 +196,8 @@ def run(vllm_config: Any, *, v1: bool = True, chunk: int = 40, preempt: tuple[st
             conf = spec.draft_token_confidence_probs[: len(batch)].numpy().copy()
             rec.confidences.append(conf.round(6).tolist())
             lengths = np.zeros(len(batch), dtype=np.int64)
-            rows, drafted = spec.last_drafted
-            lengths[rows] = drafted
+            drafted_rows, drafted = spec.last_drafted
+            lengths[drafted_rows] = drafted
             for lv, c, d in zip(batch, conf, lengths):
                 if (c[d:] != 0).any() or (c[:d] <= 0).any() or (c[:d] > 1).any():
                     rec.confidence_problems.append({"step": step, "req": lv.req["id"], "conf": c.tolist(),
@@ -210,13 +210,13 @@ def run(vllm_config: Any, *, v1: bool = True, chunk: int = 40, preempt: tuple[st
             ids = [lv.req["id"] for lv in batch]
             keep = [i for i, r in enumerate(ids) if not r.startswith("_")]
             old.row_req_ids = [ids[i] for i in keep]
-            rows = np.zeros((len(keep), MAX_LEN), dtype=np.int32)
+            token_ids_cpu = np.zeros((len(keep), MAX_LEN), dtype=np.int32)  # the V1 runner's rows
             lens = np.zeros(len(keep), dtype=np.int32)
             for j, i in enumerate(keep):
-                rows[j, : len(contexts[i])] = contexts[i]
+                token_ids_cpu[j, : len(contexts[i])] = contexts[i]
                 lens[j] = len(contexts[i])
             sampled_lists = [contexts[i][len(contexts[i]) - sampled[i]:].tolist() if sampled[i] else [] for i in keep]
-            v1_drafts = old.propose(sampled_lists, lens, rows)
+            v1_drafts = old.propose(sampled_lists, lens, token_ids_cpu)
             for j, i in enumerate(keep):
                 d = v1_drafts[j]
                 row = drafts[i]

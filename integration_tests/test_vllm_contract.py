@@ -600,3 +600,9 @@ def test_mrv2_adaptive_policy_speaks_through_confidences(mrv2):
     assert trace["confidence_steps"] == trace["steps"] > 40, trace
     assert trace["drafted_rows"] > 100 and trace["accepted"] > 300, trace
     assert trace["confidence_problems"] == [], trace
+
+
+def test_mrv2_policy_without_adaptive_verification_is_not_applied_and_says_so(mrv2):
+    found = mrv2["mrv2"]["policy_without_adaptive_verification"]
+    assert found["policy"] == "fixed" and found["drafting_policy"] == "FixedLength", found
+    assert len(found["warnings"]) == 1 and "enable_adaptive_verification" in found["warnings"][0], found

@@ -334,6 +334,15 @@ def mrv2(setup: dict) -> dict:
                                  None, None, None, None, dummy_run=True)
         traces[name]["dummy"] = {"shape": list(dummy.shape), "steps_taken": spec_obj.drafting.step_count - before}
     out["traces"] = traces
+    # The adaptive policy without adaptive verification: every slot is verified, so it is not applied (one warning).
+    lines = _Lines()
+    cfg = EngineArgs(model=setup["target"], max_model_len=mrv2_trace.MAX_LEN, speculative_config={
+        "method": "spec_plugins_suffix_tree", "num_speculative_tokens": 8,
+        "speculator_options": {"policy": "adaptive", "policy_options": {"hardware": "h100"}}}).create_engine_config()
+    built = init_speculator(cfg, torch.device("cpu"), _req_states(mrv2_trace))
+    out["policy_without_adaptive_verification"] = {
+        "policy": built.settings.policy, "drafting_policy": type(built.drafting.policy).__name__,
+        "warnings": [line for line in lines.lines if "not applied" in line]}
     out["installed"] = [p.name for p in patches.PATCHES if patches.installed(p)]
     return json.loads(json.dumps(out, default=str))
 

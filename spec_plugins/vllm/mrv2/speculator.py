@@ -42,7 +42,6 @@ from vllm.v1.worker.gpu.spec_decode.speculator import BaseSpeculator
 
 from spec_plugins.core import BindsModel
 from spec_plugins.drafting import DraftingLayer
-from spec_plugins.registry import create_policy
 from spec_plugins.vllm.proposer import StepTrace, engine_device
 from spec_plugins.vllm.settings import OPTIONS_FIELD, settings_from_speculator_options
 
@@ -102,6 +101,13 @@ class SpecPluginsSpeculator(BaseSpeculator):
             self.draft_token_confidence_probs = (
                 self._host_conf if self.device.type == "cpu"
                 else torch.zeros((max_reqs, k), dtype=torch.float32, device=self.device))
+        if self.settings.policy != "fixed" and not self.enable_adaptive_verification:
+            # Every one of the K slots is verified here, draft or filler: a cut saves no verification and only
+            # replaces drafted tokens by filler. The policy's cuts reach vLLM only as confidences.
+            logger.warning("spec-plugins: policy %r not applied: on Model Runner V2 its cuts take effect only through "
+                           "adaptive verification (speculative_config.enable_adaptive_verification: true); every "
+                           "slot is verified without it", self.settings.policy)
+            self.settings = self.settings.model_copy(update={"policy": "fixed", "policy_options": {}})
         self._rows = np.arange(0, dtype=np.int64)  # 0, 1, 2, ...: the rows of a step where every row drafts
         self._trace = StepTrace.from_env()
         self.drafting = self._new_drafting()
@@ -113,15 +119,6 @@ class SpecPluginsSpeculator(BaseSpeculator):
 
     def _new_drafting(self) -> DraftingLayer:
         proposer, policy = self.settings.build(OPTIONS_FIELD)
-        if self.settings.policy != "fixed" and not self.enable_adaptive_verification:
-            # Every one of the K slots is verified here, draft or filler: a cut saves no verification and only
-            # replaces drafted tokens by filler. The policy's cuts reach vLLM only as confidences.
-            if not getattr(self, "_warned_policy", False):
-                self._warned_policy = True
-                logger.warning("spec-plugins: policy %r not applied: on Model Runner V2 its cuts take effect only "
-                               "through adaptive verification (speculative_config.enable_adaptive_verification: "
-                               "true); every slot is verified without it", self.settings.policy)
-            policy = create_policy("fixed")
         if isinstance(policy, BindsModel):  # `policy: adaptive`: cost the engine's model on its device
             policy.bind_model(self.vllm_config.model_config.hf_config.to_dict(),
                               source="vLLM model_config.hf_config", device=engine_device(self.vllm_config))
