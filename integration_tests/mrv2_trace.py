@@ -23,17 +23,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from spec_plugins.bench.vllm034_suffix import cpu_buffers
+
 K = 8
 MAX_REQS = 8
 MAX_LEN = 1024
-
-
-def cpu_buffers() -> None:
-    """vLLM 0.34's own CPU stand-in for pinned UVA buffers (`v1/worker/cpu/shm.py` installs the same one)."""
-    import vllm.v1.worker.cpu.buffer_utils as cpu_buffer_utils
-    import vllm.v1.worker.gpu.buffer_utils as gpu_buffer_utils
-
-    gpu_buffer_utils.UvaBuffer = cpu_buffer_utils.UvaBuffer
 
 
 def workload(seed: int = 0, n: int = 14, vocab: int = 300) -> list[dict]:

@@ -41,7 +41,7 @@ GPU_VENVS = {
 }
 # vLLM 0.34 keeps Triton on with no GPU driver only where CUDA_VISIBLE_DEVICES is set and empty (a distributed
 # worker's start); its stand-in CUDA platform needs Triton's own modules at import.
-PROBE_ENV = {"0.34": {"CUDA_VISIBLE_DEVICES": ""}}
+PROBE_ENV = {"0.34": {"CUDA_VISIBLE_DEVICES": "", "TRITON_INTERPRET": "1"}}  # its suffix kernels run interpreted
 
 
 def _gpu_python(version: str) -> str:
@@ -606,3 +606,14 @@ def test_mrv2_policy_without_adaptive_verification_is_not_applied_and_says_so(mr
     found = mrv2["mrv2"]["policy_without_adaptive_verification"]
     assert found["policy"] == "fixed" and found["drafting_policy"] == "FixedLength", found
     assert len(found["warnings"]) == 1 and "enable_adaptive_verification" in found["warnings"][0], found
+
+
+def test_vllm_0_34_suffix_kernels_run_in_the_replay(mrv2):
+    """vLLM 0.34's own GPU `suffix` (its Triton kernels in Triton's interpreter, mended) as the replay drives it:
+    it continues a request's own repetition, drafts a finished response's continuation from its corpus, and drafts
+    nothing where nothing matches."""
+    found = mrv2["mrv2"]["vllm_suffix"]
+    assert "error" not in found, found
+    assert found["own_history"] == list(range(6, 14)), found
+    assert found["from_corpus"] == list(range(14, 22)), found
+    assert found["nothing"] == [], found

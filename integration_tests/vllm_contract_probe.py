@@ -343,8 +343,34 @@ def mrv2(setup: dict) -> dict:
     out["policy_without_adaptive_verification"] = {
         "policy": built.settings.policy, "drafting_policy": type(built.drafting.policy).__name__,
         "warnings": [line for line in lines.lines if "not applied" in line]}
+    out["vllm_suffix"] = _vllm_suffix_replay()
     out["installed"] = [p.name for p in patches.PATCHES if patches.installed(p)]
     return json.loads(json.dumps(out, default=str))
+
+
+def _vllm_suffix_replay() -> dict:
+    """vLLM 0.34's own `suffix` kernels as the replay runs them (`spec_plugins.bench.vllm034_suffix`, Triton's
+    interpreter with the local mend): a request's own repetition, then the corpus of a finished one."""
+    from spec_plugins.bench.vllm034_suffix import Vllm034Suffix
+    from spec_plugins.core import DraftRequest
+
+    out: dict = {}
+    try:
+        p = Vllm034Suffix(max_model_len=256, max_requests=4)
+        own = list(range(5, 25)) * 3 + [5]
+        out["own_history"] = p.propose([DraftRequest("a", own, len(own), 8)])[0].tokens
+        p.finish("a")
+        # A request whose response is 10, 11, ..., 39, in two steps, then finished: into the corpus.
+        p.propose([DraftRequest("r", [800, 801, 802, 10], 4, 8)])
+        p.propose([DraftRequest("r", [800, 801, 802, *range(10, 40)], 29, 8)])
+        p.finish("r")
+        # A new request ending like that response's tokens 10, 11, 12, 13: only the corpus has them.
+        fresh = [900, 901, 902, 10, 11, 12, 13]
+        out["from_corpus"] = p.propose([DraftRequest("b", fresh, len(fresh), 8)])[0].tokens
+        out["nothing"] = p.propose([DraftRequest("c", [700, 701, 702], 3, 8)])[0].tokens
+    except Exception as exc:
+        out["error"] = f"{type(exc).__name__}: {exc}"
+    return out
 
 
 def _req_states(trace: types.ModuleType):

@@ -375,3 +375,14 @@ def test_continued_suffix_tree_extends_the_trees_draft_and_only_that(rows) -> No
     assert continued.propose([req])[0].tokens == [3, 4, 5, 6]  # continued up to K
     continued.extender = Fixed([3, 9, 9])
     assert continued.propose([req])[0].tokens == [3, 4]  # another path: the draft stays as it is
+
+
+def test_vllm034_suffix_says_where_it_runs(monkeypatch) -> None:
+    """vLLM 0.34's own suffix kernels run only interpreted, in .venv-vllm034: elsewhere one line says so (the
+    contract tests run it there: integration_tests/test_vllm_contract.py)."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match=r"^proposer vllm034_suffix: runs vLLM 0.34's Triton kernels in Triton's "
+                                         r"interpreter: set TRITON_INTERPRET=1 and CUDA_VISIBLE_DEVICES="):
+        replay.make_proposer("vllm034_suffix")
+    assert "vllm034_suffix" in replay.proposer_names()
+    assert replay.effective_options("vllm034_suffix", None)["corpus_tokens"] == 1 << 20

@@ -179,8 +179,23 @@ class ContinuedSuffixTree:
         self.extender.finish(req_id)
 
 
-BASELINES: dict[str, type] = {"arctic": ArcticSuffix, "vllm_ngram": VllmNgram,
-                              "suffix_tree_continued": ContinuedSuffixTree}
+def _vllm034_suffix() -> type:
+    from spec_plugins.bench.vllm034_suffix import Vllm034Suffix
+
+    return Vllm034Suffix
+
+
+class _Lazy(dict):
+    """Baselines whose module needs another environment (vLLM 0.34), imported when asked for."""
+
+    def __getitem__(self, name: str) -> type:
+        value = super().__getitem__(name)
+        return value() if name in LAZY else value
+
+
+LAZY = {"vllm034_suffix"}
+BASELINES: dict[str, type] = _Lazy({"arctic": ArcticSuffix, "vllm_ngram": VllmNgram,
+                                    "suffix_tree_continued": ContinuedSuffixTree, "vllm034_suffix": _vllm034_suffix})
 
 
 def create_baseline(name: str, options: dict[str, Any] | None = None) -> Any:

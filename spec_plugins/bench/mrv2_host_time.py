@@ -65,10 +65,9 @@ def measure(streams: list[np.ndarray], batches: list[int], steps: int, warmup: i
     from spec_plugins.vllm import SuffixTree
     from spec_plugins.vllm.mrv2.speculator import SuffixTreeSpeculator
 
-    import vllm.v1.worker.cpu.buffer_utils as cpu_buffer_utils
-    import vllm.v1.worker.gpu.buffer_utils as gpu_buffer_utils
+    from spec_plugins.bench.vllm034_suffix import cpu_buffers
 
-    gpu_buffer_utils.UvaBuffer = cpu_buffer_utils.UvaBuffer  # vLLM 0.34's own CPU stand-in (cpu/shm.py)
+    cpu_buffers()
     device = torch.device("cpu")
     rows = []
     for b in batches:
