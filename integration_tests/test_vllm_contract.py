@@ -617,3 +617,15 @@ def test_vllm_0_34_suffix_kernels_run_in_the_replay(mrv2):
     assert found["own_history"] == list(range(6, 14)), found
     assert found["from_corpus"] == list(range(14, 22)), found
     assert found["nothing"] == [], found
+
+
+def test_vllm_0_34_suffix_numpy_replay_matches_its_kernels_step_by_step(mrv2):
+    """`vllm034_suffix_np`, the replay the benchmarks use, drafts what vLLM 0.34's suffix kernels draft: the same
+    tokens and the same adaptive-verification confidences at every step, from the request's own history and from
+    a corpus ring that wraps, and holds the same corpus and hash tables after every finish."""
+    found = mrv2["mrv2"]["vllm_suffix_np"]
+    assert "error" not in found, found
+    assert found["mismatches"] == [], found
+    assert found["steps"] >= 100 and found["drafts"] >= 200 and found["corpus_drafts"] >= 50, found
+    assert found["wrapped"] and found["same_corpus"], found
+    assert found["confidences"] >= 20, found  # the statistics moved: many distinct confidences were compared

@@ -344,6 +344,7 @@ def mrv2(setup: dict) -> dict:
         "policy": built.settings.policy, "drafting_policy": type(built.drafting.policy).__name__,
         "warnings": [line for line in lines.lines if "not applied" in line]}
     out["vllm_suffix"] = _vllm_suffix_replay()
+    out["vllm_suffix_np"] = _vllm_suffix_np_check()
     out["installed"] = [p.name for p in patches.PATCHES if patches.installed(p)]
     return json.loads(json.dumps(out, default=str))
 
@@ -370,6 +371,57 @@ def _vllm_suffix_replay() -> dict:
         out["nothing"] = p.propose([DraftRequest("c", [700, 701, 702], 3, 8)])[0].tokens
     except Exception as exc:
         out["error"] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
+def _vllm_suffix_np_check() -> dict:
+    """The project's numpy replay of vLLM 0.34's `suffix` (`vllm034_suffix_np`) against its kernels, step by step:
+    a replay of generated requests (repetitive token streams over a small vocabulary, so both the request's own
+    history and the corpus match), 3 in flight, K = 8, a 700-token corpus ring that wraps, adaptive verification's
+    statistics on; every draft and every confidence compared."""
+    import numpy as np
+
+    from spec_plugins.bench import replay
+    from spec_plugins.bench.vllm034_suffix import Vllm034Suffix
+    from spec_plugins.bench.vllm034_suffix_np import Vllm034SuffixReplay
+
+    rng = np.random.default_rng(7)
+    phrases = [rng.integers(0, 40, size=int(rng.integers(3, 9))) for _ in range(12)]
+    rows = []
+    for i in range(14):
+        stream = np.concatenate([phrases[j] for j in rng.integers(0, len(phrases), size=30)])
+        rows.append(replay.Row(f"r{i}", np.concatenate([[100 + i, 101], stream[:20]]).astype(np.int32),
+                               stream[20:110].astype(np.int32)))
+    options = {"corpus_tokens": 700, "adaptive_verification": True}
+    kernels, ours = Vllm034Suffix(max_model_len=512, max_requests=4, **options), Vllm034SuffixReplay(**options)
+    out = {"steps": 0, "drafts": 0, "corpus_drafts": 0, "mismatches": [], "confidences": set(), "wrapped": False}
+
+    class Both:
+        def propose(self, requests):
+            theirs, mine = kernels.propose(requests), ours.propose(requests)
+            for r, a, b in zip(requests, theirs, mine):
+                if (a.tokens, a.confidence) != (b.tokens, b.confidence) and len(out["mismatches"]) < 5:
+                    out["mismatches"].append({"step": out["steps"], "req": r.req_id, "kernels": [a.tokens, a.confidence],
+                                              "numpy": [b.tokens, b.confidence]})
+                out["drafts"] += bool(a.tokens)
+                out["corpus_drafts"] += bool(b.tokens) and ours.last[r.req_id][0] >= 9  # buckets 9+: the corpus
+                out["confidences"].update(a.confidence or ())
+            out["steps"] += 1
+            return theirs
+
+        def finish(self, req_id):
+            head = ours.corpus.head
+            kernels.finish(req_id)
+            ours.finish(req_id)
+            out["wrapped"] |= ours.corpus.head < head
+            out["same_corpus"] = bool(np.array_equal(kernels.spec.corpus.numpy(), ours.corpus.tokens)
+                                      and np.array_equal(kernels.spec.table.numpy(), ours.corpus.table))
+
+    try:
+        replay.walk_interleaved(Both(), rows, 8, 3, fill=True)
+    except Exception as exc:
+        out["error"] = f"{type(exc).__name__}: {exc}"
+    out["confidences"] = len(out["confidences"])
     return out
 
 

@@ -42,6 +42,9 @@ OPTION_MODELS: list[tuple[str, str, str]] = [
      "`python -m spec_plugins.bench.replay --options 'arctic={...}'`"),
     ("Replay baseline `vllm_ngram` (benchmarks only)", "spec_plugins.bench.baselines:VllmNgram.Options",
      "`python -m spec_plugins.bench.replay --options 'vllm_ngram={...}'`"),
+    ("Replay baseline `vllm034_suffix_np`: the project's replay of vLLM 0.34's `suffix` (benchmarks only)",
+     "spec_plugins.bench.vllm034_suffix_np:Vllm034SuffixReplay.Options",
+     "`python -m spec_plugins.bench.replay --options 'vllm034_suffix_np={...}'`"),
     ("Replay baseline `vllm034_suffix`: vLLM 0.34's own `suffix` kernels, interpreted (benchmarks only)",
      "spec_plugins.bench.vllm034_suffix:Vllm034Suffix.Options",
      "`CUDA_VISIBLE_DEVICES= TRITON_INTERPRET=1 .venv-vllm034/bin/python -m spec_plugins.bench.replay --options "

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
 import pydantic
 
@@ -46,10 +46,12 @@ def request_record(id: str, prompt_len: int, response_len: int, pos: Sequence[in
 
 
 def trace_document(*, workload: str, file: str, proposer: str, options: dict[str, Any], max_draft: int,
-                   requests: list[dict[str, Any]]) -> dict[str, Any]:
-    """A whole trace file's object, for `write_trace`."""
+                   requests: list[dict[str, Any]], accounting: str = "drafted") -> dict[str, Any]:
+    """A whole trace file's object, for `write_trace`. accounting: `drafted` (only drafted tokens verified) or
+    `mrv2` (every draft padded to max_draft with the last token and all of it verified, so `accepted` may count
+    filler the target happened to accept, beyond `drafted`)."""
     return {"format": TRACE_FORMAT, "workload": workload, "file": file, "proposer": proposer,
-            "options": options, "max_draft": max_draft, "requests": requests}
+            "options": options, "max_draft": max_draft, "accounting": accounting, "requests": requests}
 
 
 def write_trace(path: str | Path, doc: dict[str, Any]) -> Path:
@@ -77,6 +79,7 @@ class _Trace(pydantic.BaseModel):
     format: str
     proposer: str = ""
     max_draft: pydantic.PositiveInt
+    accounting: Literal["drafted", "mrv2"] = "drafted"
     requests: list[_Request]
 
 
@@ -92,11 +95,13 @@ def read_trace(path: str | Path) -> dict[str, Any]:
         err = exc.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
         raise ValueError(f"{path}: {loc}: {err['msg'].lower()} (got {err.get('input')!r:.60})") from None
+    padded = doc.get("accounting") == "mrv2"  # filler is verified too: accepted may pass drafted
     for req in doc["requests"]:
         for s in req["steps"]:
-            if not 0 <= s["accepted"] <= s["drafted"] <= doc["max_draft"]:
-                raise ValueError(f"{path}: request {req['id']!r}: bad step {s} (expected accepted <= drafted <= "
-                                 f"max_draft {doc['max_draft']})")
+            if not (0 <= s["drafted"] <= doc["max_draft"] and 0 <= s["accepted"] <= doc["max_draft"]
+                    and (padded or s["accepted"] <= s["drafted"])):
+                raise ValueError(f"{path}: request {req['id']!r}: bad step {s} (expected accepted <= "
+                                 f"{'max_draft' if padded else 'drafted'} and drafted <= max_draft {doc['max_draft']})")
     return doc
 
 

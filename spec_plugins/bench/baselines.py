@@ -30,6 +30,7 @@ from typing import Any, Callable, Hashable, Sequence
 import numpy as np
 import pydantic
 
+from spec_plugins.bench.vllm034_suffix_np import Vllm034SuffixReplay
 from spec_plugins.core import Draft, DraftRequest
 
 ARCTIC_INSTALL_HINT = (
@@ -195,7 +196,8 @@ class _Lazy(dict):
 
 LAZY = {"vllm034_suffix"}
 BASELINES: dict[str, type] = _Lazy({"arctic": ArcticSuffix, "vllm_ngram": VllmNgram,
-                                    "suffix_tree_continued": ContinuedSuffixTree, "vllm034_suffix": _vllm034_suffix})
+                                    "suffix_tree_continued": ContinuedSuffixTree, "vllm034_suffix": _vllm034_suffix,
+                                    "vllm034_suffix_np": Vllm034SuffixReplay})
 
 
 def create_baseline(name: str, options: dict[str, Any] | None = None) -> Any:

@@ -148,3 +148,31 @@ class EngineHostTime:
             else:
                 at.append(float(np.interp(batch, batches, secs)))
         return float(np.interp(tokens_per_request, self._tokens, at))
+
+
+MRV2_DEFAULT = FOLDER / "mrv2-propose-cpu2.json"
+
+
+class Mrv2HostTime:
+    """Our drafting host time on vLLM 0.34's Model Runner V2: the V1 adapter's measured time (`base`, a HostTime,
+    with its growth by tokens appended) plus what the MRV2 propose path adds to it at the same batch size (the
+    `mrv2_minus_v1_us` of `spec_plugins.bench.mrv2_host_time`, measured in turns on the same steps: the sync's host
+    side, the host mirror, the padded write; linear between measured batch sizes, the nearest outside them)."""
+
+    def __init__(self, base: HostTime, rows: list[dict], source: str = "measurement") -> None:
+        self.base, self.source, self.proposer = base, source, base.proposer
+        self._extra: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for policy in POLICIES:
+            points = sorted((int(r["batch"]), float(r["mrv2_minus_v1_us"]) * 1e-6) for r in rows if r["policy"] == policy)
+            if points:
+                self._extra[policy] = (np.array([b for b, _ in points], dtype=float), np.array([s for _, s in points]))
+        if "fixed" not in self._extra:
+            raise ValueError(f"MRV2 host time {source}: no rows for the fixed policy")
+
+    @classmethod
+    def load(cls, base: HostTime, path: str | Path = MRV2_DEFAULT) -> "Mrv2HostTime":
+        return cls(base, _read(path), source=str(path))
+
+    def seconds(self, policy: Literal["fixed", "adaptive"], batch: int, tokens: float | None = None) -> float:
+        batches, extra = self._extra.get(policy, self._extra["fixed"])
+        return self.base.seconds(policy, batch, tokens) + float(np.interp(batch, batches, extra))

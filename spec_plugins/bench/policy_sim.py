@@ -128,6 +128,50 @@ def batch_schedule(requests: list[TraceRequest], batch: int, num_steps: int, see
     return steps
 
 
+class VerifiesSlots:
+    """Model Runner V2 without adaptive verification: every one of the `width` slots is verified, filler included
+    (vLLM 0.34 pads a short draft with the last token). Traces for it come from `replay --accounting mrv2`, whose
+    `accepted` counts filler the target happened to accept; a narrower width than the trace's takes the first
+    `width` slots of each step (the drafter's first tokens at a smaller K, which a voting drafter such as vLLM's
+    `suffix` may choose differently)."""
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+
+    def verify(self, confidences: Sequence[list[float] | None], drafted: np.ndarray, context: list[int]) -> np.ndarray:
+        return np.full(len(drafted), self.width)
+
+
+class AdaptiveVerification(VerifiesSlots):
+    """vLLM 0.34's adaptive verification (`v1/worker/gpu/spec_decode/adaptive_verification.py`): every slot scored by
+    its survival (the running product of the drafter's per-position confidences; filler 0), the batch's draft budget
+    chosen as the one that maximises expected emitted tokens over step cost, the best slots admitted (ties in
+    request order). Differences from vLLM, both in its favour: the step cost is this simulator's own model, and the
+    budget is chosen on this step's confidences where vLLM reads the step before's (async scheduling)."""
+
+    def __init__(self, width: int, cost: Any) -> None:
+        super().__init__(width)
+        self.cost = cost
+
+    def verify(self, confidences: Sequence[list[float] | None], drafted: np.ndarray, context: list[int]) -> np.ndarray:
+        b, w = len(drafted), self.width
+        conf = np.zeros((b, w))
+        for i, (c, d) in enumerate(zip(confidences, drafted.tolist())):
+            n = min(int(d), w)
+            conf[i, :n] = 1.0 if c is None else c[:n]
+        flat = np.cumprod(conf, axis=1).ravel()
+        order = np.argsort(-flat, kind="stable")  # survival falls along a request, so each request's slots in order
+        req, pos = order // w, order % w
+        lens = np.arange(w + 1)
+        attention = self.cost.attention_times(np.tile(lens, b), np.repeat(np.asarray(context), w + 1)).reshape(b, w + 1)
+        extra = np.diff(attention, axis=1)[req, pos]
+        seconds = (self.cost.overhead_s + self.cost.linear_times(b + np.arange(b * w + 1)) + attention[:, 0].sum()
+                   + np.concatenate([[0.0], np.cumsum(extra)]) + self.cost.draft_time([w] * b))
+        expected = b + np.concatenate([[0.0], np.cumsum(flat[order])])
+        budget = int(np.argmax(expected / seconds))
+        return np.bincount(req[:budget], minlength=b)
+
+
 def simulate(requests: list[TraceRequest], steps, cost, policies: dict[str, Any],
              host: Any = None, engine: Any = None) -> dict[str, float]:
     """Goodput (tokens per modelled second) of each policy over the same steps; `host` (a HostTime) adds
@@ -144,7 +188,9 @@ def simulate(requests: list[TraceRequest], steps, cost, policies: dict[str, Any]
         accepted = np.array([r.accepted[k] for _, r, k in recs])
         context = [int(r.prompt_len + r.pos[k]) for _, r, k in recs]
         for name, pol in policies.items():
-            if callable(pol):
+            if isinstance(pol, VerifiesSlots):  # Model Runner V2: verified slots, filler included
+                keep = pol.verify([r.confidence[k] for _, r, k in recs], drafted, context)
+            elif callable(pol):
                 keep = np.minimum(np.asarray(pol(drafted, accepted), dtype=int), drafted)
             else:
                 reqs = [DraftRequest(req_id=key, tokens=range(c), num_new=1, max_draft=int(d))
@@ -157,7 +203,7 @@ def simulate(requests: list[TraceRequest], steps, cost, policies: dict[str, Any]
             tokens[name] += float(np.sum(emitted))
             step = cost.step_time([int(x) for x in keep], context)
             if host is not None:  # this step's drafting appended what the step before emitted
-                step += host.seconds("fixed" if callable(pol) else "adaptive", len(recs), appended[name])
+                step += host.seconds("adaptive" if getattr(pol, "trim", None) else "fixed", len(recs), appended[name])
             if engine is not None:
                 step += engine.seconds(len(recs), 1.0 + float(np.mean(keep)))
             if getattr(pol, "observes_step_time", False):
@@ -165,7 +211,7 @@ def simulate(requests: list[TraceRequest], steps, cost, policies: dict[str, Any]
             seconds[name] += step
             appended[name] = float(np.mean(emitted))
         for name, pol in policies.items():
-            if not callable(pol):
+            if getattr(pol, "finish", None):
                 for key in ends:
                     pol.finish(key)
     return {name: tokens[name] / seconds[name] for name in policies}

@@ -486,13 +486,14 @@ def pooled_json(results: list[WorkloadResult], notes: dict[str, str]) -> dict[st
     return out
 
 
-def write_traces(out_dir: Path, res: WorkloadResult, options: dict[str, dict[str, Any]], max_draft: int) -> None:
+def write_traces(out_dir: Path, res: WorkloadResult, options: dict[str, dict[str, Any]], max_draft: int,
+                 accounting: str = "drafted") -> None:
     d = out_dir / res.name
     d.mkdir(parents=True, exist_ok=True)
     for p, ws in res.walks.items():
         write_trace(d / f"{p}.json", trace_document(workload=res.name, file=res.file, proposer=p,
                                                     options=options.get(p, {}), max_draft=max_draft,
-                                                    requests=[w.trace() for w in ws]))
+                                                    requests=[w.trace() for w in ws], accounting=accounting))
 
 
 def _fmt(v: float | None, digits: int = 2) -> str:
@@ -632,7 +633,7 @@ def main(argv: list[str] | None = None) -> int:
         err.print(f"wrote {args.json}")
     if args.trace_out:
         for r in results:
-            write_traces(args.trace_out, r, options, args.max_draft)
+            write_traces(args.trace_out, r, options, args.max_draft, args.accounting)
         err.print(f"wrote traces under {args.trace_out}")
     return 0
 

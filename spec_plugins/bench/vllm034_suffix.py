@@ -27,6 +27,7 @@ from typing import Any, Hashable, Sequence
 import numpy as np
 import pydantic
 
+from spec_plugins.bench.vllm034_suffix_np import Vllm034SuffixReplay
 from spec_plugins.core import Draft, DraftRequest
 
 
@@ -43,11 +44,7 @@ class Vllm034Suffix:
 
     name = "vllm034_suffix"
 
-    class Options(pydantic.BaseModel):
-        model_config = pydantic.ConfigDict(extra="forbid")
-        max_tree_depth: int = pydantic.Field(default=24, ge=1)
-        corpus_tokens: int = pydantic.Field(default=1 << 20, ge=0, lt=1 << 31)
-        max_cached_requests: int = pydantic.Field(default=10000, ge=0)
+    class Options(Vllm034SuffixReplay.Options):
         max_model_len: int = pydantic.Field(default=16384, ge=16, description="longest context replayed")
         max_requests: int = pydantic.Field(default=64, ge=1, description="requests in flight at once")
 
@@ -59,6 +56,7 @@ class Vllm034Suffix:
         self.spec = None  # built at the first call, when K is known
         self.slot: dict[Hashable, int] = {}
         self.seen: dict[Hashable, int] = {}
+        self.verified: dict[Hashable, int] = {}  # slots the target verified of the request's last draft
 
     def _build(self, k: int) -> None:
         import torch
@@ -80,7 +78,8 @@ class Vllm034Suffix:
             speculative_config=SimpleNamespace(
                 num_speculative_tokens=k, suffix_decoding_max_tree_depth=o.max_tree_depth,
                 suffix_decoding_corpus_tokens=o.corpus_tokens,
-                suffix_decoding_max_cached_requests=o.max_cached_requests, enable_adaptive_verification=False),
+                suffix_decoding_max_cached_requests=o.max_cached_requests,
+                enable_adaptive_verification=o.adaptive_verification),
             scheduler_config=SimpleNamespace(max_num_seqs=o.max_requests),
             model_config=SimpleNamespace(max_model_len=o.max_model_len))
         self.spec = SuffixSpeculator(cfg, cpu, self.req_states)
@@ -102,7 +101,7 @@ class Vllm034Suffix:
         if self.spec is None:
             self._build(requests[0].max_draft)
         rs = self.req_states
-        slots, sampled = [], []
+        slots, sampled, rejected = [], [], []
         for r in requests:
             if r.max_draft != self.k:
                 raise ValueError(f"proposer vllm034_suffix: one K per replay (built for {self.k}, got {r.max_draft})")
@@ -122,20 +121,26 @@ class Vllm034Suffix:
             self.seen[r.req_id] = len(tokens)
             slots.append(slot)
             sampled.append(len(new))
+            rejected.append(max(self.verified.get(r.req_id, 0) - (len(new) - 1), 0))
         n = len(requests)
         idx = np.asarray(slots, dtype=np.int64)
         batch = dataclasses.replace(self._batch, req_ids=[str(r.req_id) for r in requests], num_reqs=n,
                                     idx_mapping_np=idx, idx_mapping=torch.from_numpy(idx))
         out = self.spec.propose(batch, {}, {}, None, None, torch.tensor(sampled, dtype=torch.int32),
-                                torch.zeros(n, dtype=torch.int32), rs.last_sampled_tokens, rs.next_prefill_tokens,
+                                torch.tensor(rejected, dtype=torch.int32), rs.last_sampled_tokens, rs.next_prefill_tokens,
                                 None, None, num_speculative_tokens=self.k)
         valid = self.spec.num_valid[:n].tolist()
-        return [Draft(out[i, : valid[i]].tolist()) for i in range(n)]
+        conf = self.spec.draft_token_confidence_probs[:n].tolist() if self.options.adaptive_verification else None
+        for r, v in zip(requests, valid):
+            self.verified[r.req_id] = self.k if self.options.verified == "all" else v
+        return [Draft(out[i, : valid[i]].tolist(), confidence=conf[i][: valid[i]] if conf else None)
+                for i in range(n)]
 
     def finish(self, req_id: Hashable) -> None:
         slot = self.slot.pop(req_id, None)
         if slot is None:
             return
         self.seen.pop(req_id)
+        self.verified.pop(req_id, None)
         self.spec.on_requests_finished({str(req_id)})
         self.req_states.remove_request(str(req_id))
