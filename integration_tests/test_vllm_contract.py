@@ -594,12 +594,30 @@ def test_docs_mrv2_table_is_what_the_tests_found(mrv2):
 
 
 def test_mrv2_adaptive_policy_speaks_through_confidences(mrv2):
-    """With adaptive verification on, the policy's cuts reach vLLM as per-position confidences: the proposer's own
-    estimates in (0, 1] over each drafted token, 0 on the filler, in buffers copied as to a device."""
+    """With adaptive verification on, the policy's cuts reach vLLM as per-position confidences: its calibrated
+    estimates in (0, 1] over each drafted token, 0 on the filler, in buffers copied as to a device; where vLLM
+    verifies fewer slots than were drafted (`num_rejected` says how many it verified), drafting goes on."""
     trace = mrv2["mrv2"]["traces"]["suffix_tree_adaptive"]
     assert trace["confidence_steps"] == trace["steps"] > 40, trace
-    assert trace["drafted_rows"] > 100 and trace["accepted"] > 300, trace
+    assert trace["drafted_rows"] > 100 and trace["accepted"] > 200, trace
     assert trace["confidence_problems"] == [], trace
+    assert trace["trimmed_rows"] > 20, trace
+
+
+@pytest.mark.parametrize("method", ["suffix_tree", "ngram", "suffix_tree_adaptive"])
+def test_mrv2_drafting_in_stream_order_gives_the_same_drafts(mrv2, method):
+    """`host_drafting: stream`: the step's host part runs in the stream's order (on a GPU, a CUDA host function;
+    here the same contract on a thread of its own, with random delays), the runner's calls queued to the next
+    step's job. Drafts and confidences equal drafting in place at every step, at two different timings."""
+    trace = mrv2["mrv2"]["traces"][method]
+    assert trace["stream_equal"] == [True, True], trace
+    assert trace["stream_steps"] == [trace["steps"]] * 2, trace
+
+
+def test_mrv2_stream_order_without_cuda_drafts_in_place_and_says_so(mrv2):
+    found = mrv2["mrv2"]["stream_on_cpu"]
+    assert found["stream_order"] == "None", found
+    assert len(found["warnings"]) == 1 and "needs a CUDA device" in found["warnings"][0], found
 
 
 def test_mrv2_policy_without_adaptive_verification_is_not_applied_and_says_so(mrv2):

@@ -313,7 +313,7 @@ def mrv2(setup: dict) -> dict:
                         "accepted": rec.accepted, "mismatches": rec.mismatches[:5],
                         "padding_mismatches": rec.padding_mismatches[:5], "warmup": rec.warmup,
                         "resent": rec.resent, "confidence_steps": len(rec.confidences),
-                        "confidence_problems": rec.confidence_problems[:5]}
+                        "confidence_problems": rec.confidence_problems[:5], "trimmed_rows": rec.trimmed_rows}
         # Two ranks: two speculators fed one trace at once, in two threads.
         recs: list = [None, None]
 
@@ -327,6 +327,11 @@ def mrv2(setup: dict) -> dict:
             t.join()
         traces[name]["ranks_equal"] = (recs[0].drafts, recs[0].confidences) == (recs[1].drafts, recs[1].confidences)
         traces[name]["ranks_equal_to_alone"] = (recs[0].drafts, recs[0].confidences) == (rec.drafts, rec.confidences)
+        # host_drafting: stream -- the host part in stream order, at two different timings (two ranks)
+        streamed = [mrv2_trace.run(cfg, v1=False, device_copy=run.get("device_copy", False), stream_jitter=j)
+                    for j in (1, 2)]
+        traces[name]["stream_equal"] = [(r.drafts, r.confidences) == (rec.drafts, rec.confidences) for r in streamed]
+        traces[name]["stream_steps"] = [r.steps for r in streamed]
         # A dummy / profile run: drafts nothing, changes nothing.
         spec_obj = built
         before = spec_obj.drafting.step_count
@@ -343,6 +348,13 @@ def mrv2(setup: dict) -> dict:
     out["policy_without_adaptive_verification"] = {
         "policy": built.settings.policy, "drafting_policy": type(built.drafting.policy).__name__,
         "warnings": [line for line in lines.lines if "not applied" in line]}
+    # host_drafting: stream where there is no CUDA device: drafting in place, said in one warning.
+    cfg = EngineArgs(model=setup["target"], max_model_len=mrv2_trace.MAX_LEN, speculative_config={
+        "method": "spec_plugins_suffix_tree", "num_speculative_tokens": 8,
+        "speculator_options": {"host_drafting": "stream"}}).create_engine_config()
+    built = init_speculator(cfg, torch.device("cpu"), _req_states(mrv2_trace))
+    out["stream_on_cpu"] = {"stream_order": repr(built.stream_order),
+                            "warnings": [line for line in lines.lines if "host_drafting" in line]}
     out["vllm_suffix"] = _vllm_suffix_replay()
     out["vllm_suffix_np"] = _vllm_suffix_np_check()
     out["installed"] = [p.name for p in patches.PATCHES if patches.installed(p)]

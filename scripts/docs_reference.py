@@ -18,7 +18,7 @@ from typing import Any
 
 # (heading, "module:Class[.Options]", where the keys are written)
 OPTION_MODELS: list[tuple[str, str, str]] = [
-    ("vLLM 0.34: `speculative_config.speculator_options`", "spec_plugins.settings:ProposerSettings",
+    ("vLLM 0.34: `speculative_config.speculator_options`", "spec_plugins.vllm.settings:Mrv2Settings",
      "`vllm serve ... --speculative-config '{\"method\": \"spec_plugins_suffix_tree\", ..., "
      "\"speculator_options\": {...}}'` (`proposer` is the method's own)"),
     ("vLLM 0.32 / 0.33: `additional_config.spec_plugins`", "spec_plugins.vllm.settings:VllmSettings",

@@ -180,6 +180,20 @@ class BatchDrafts:
         if confidence_out is not None:
             confidence_out[which, col] = 1.0 if self.confidence is None else self.confidence
 
+    def with_survival(self, survival: np.ndarray) -> "BatchDrafts":
+        """These drafts with their confidences replaced by the conditional acceptance probabilities that prefix
+        survival `survival` ([n, width]) implies: survival[i, j] / survival[i, j - 1], 0 past `width`."""
+        n = len(self)
+        surv = np.asarray(survival, dtype=np.float64).reshape(n, -1)
+        prev = np.concatenate([np.ones((n, 1)), surv[:, :-1]], axis=1)
+        cond = np.divide(surv, prev, out=np.zeros_like(surv), where=prev > 0)
+        which = np.repeat(np.arange(n), self.lengths)
+        col = np.arange(len(self.tokens)) - np.repeat(self.offsets[:-1], self.lengths)
+        inside = col < surv.shape[1]
+        conf = np.zeros(len(self.tokens))
+        conf[inside] = cond[which[inside], col[inside]]
+        return type(self)(self.tokens, self.offsets, conf, self.probs)
+
     def draft(self, i: int) -> Draft:
         a, b = int(self.offsets[i]), int(self.offsets[i + 1])
         return Draft(
@@ -307,6 +321,24 @@ class TrimsDrafts(Protocol):
     """A policy that chooses after drafting, from the drafts' own confidences: the length to keep of each."""
 
     def trim(self, requests: Sequence[DraftRequest], drafts: Sequence[Draft]) -> list[int]: ...
+
+
+@runtime_checkable
+class ResolvesCost(Protocol):
+    """A policy that can settle its step-cost model now, where it would otherwise do so at its first step (reading
+    the engine's device): an engine whose steps run where device calls are not allowed asks for it up front."""
+
+    def resolve_cost(self) -> None: ...
+
+
+@runtime_checkable
+class RatesDrafts(Protocol):
+    """A policy that estimates, for a step's drafts, the probability that each prefix is accepted (calibrated
+    against the verifications it has observed): (prefix survival [n, width], usable lengths [n], raw confidences
+    or None). Engines that trim by confidence themselves (vLLM's adaptive verification) are handed these."""
+
+    def survival_batch(self, req_ids: Sequence[ReqId], drafts: "BatchDrafts"
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]: ...
 
 
 @runtime_checkable

@@ -144,6 +144,7 @@ class DraftingLayer:
         accepted: np.ndarray | None = None,
         features: Sequence[Any] | None = None,
         present: Sequence[ReqId] = (),
+        verified: np.ndarray | None = None,
     ) -> BatchDrafts:
         """Draft for every request of this engine step.
 
@@ -156,6 +157,9 @@ class DraftingLayer:
                     that draft has not been verified yet (it stays pending); None: report nothing now.
         present:    requests in the engine's batch that do not draft this step (a prefill chunk); they
                     are not stale.
+        verified:   slots the engine verified of each request's last draft, where it may verify fewer than
+                    were drafted (vLLM's adaptive verification); the report then covers only those, since the
+                    rest were never tried. None: every drafted token was verified.
         """
         self.step_count += 1
         n = len(req_ids)
@@ -166,6 +170,11 @@ class DraftingLayer:
             accepted = np.ascontiguousarray(accepted, dtype=np.int64)
         ledger = self._ledger
         cols = ledger.columns
+        if verified is not None:
+            at = ledger.slots_of(req_ids, create=False)
+            known = at >= 0
+            cols["drafted"][at[known]] = np.minimum(cols["drafted"][at[known]],
+                                                    np.asarray(verified, dtype=np.int64)[known])
         try:  # the usual step, every request known: the whole ledger step in one compiled call
             known = _ledger.ledger_step(ledger.index, req_ids, self.step_count, lens, num_new, accepted,
                                          cols["last_step"], cols["seen_len"], cols["drafted"])

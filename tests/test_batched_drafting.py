@@ -189,6 +189,26 @@ def test_layer_ledger_num_new_observations_and_finishing_once():
     assert prop.requests[-1] == [("a", 2, 2, 1)]
 
 
+def test_layer_reports_only_the_slots_the_engine_verified():
+    """vLLM's adaptive verification may verify fewer slots than were drafted: the policy hears of those only."""
+    prop, pol = Recorder(), Recorder()
+    layer = DraftingLayer(prop, pol)
+    layer.step(["a", "b", "c"], [[1, 2, 3], [4, 5, 6], [7, 8, 9]], [3, 3, 3], max_draft=3)  # 3 tokens each
+    # a: 2 verified, 1 accepted; b: every slot verified; c: none verified (nothing to report); d: new.
+    layer.step(["a", "b", "c", "d"], [[1, 2, 3, 9, 9], [4, 5, 6, 7], [7, 8, 9, 1], [2]], [5, 4, 4, 1], max_draft=3,
+               accepted=[1, 3, 0, -1], verified=np.array([2, 5, 0, 0]))
+    assert pol.observed == [("a", 2, 1), ("b", 3, 3)]
+
+
+def test_batch_drafts_with_survival_gives_the_implied_conditional_confidences():
+    drafts = BatchDrafts.from_drafts([Draft([5, 6, 7], confidence=[0.9, 0.9, 0.9]), Draft([]), Draft([8, 9], confidence=[0.7, 0.7])])
+    rated = drafts.with_survival(np.array([[0.8, 0.4, 0.1], [1.0, 1.0, 1.0], [0.5, 0.0, 0.0]]))
+    assert np.allclose(rated.confidence, [0.8, 0.5, 0.25, 0.5, 0.0])
+    assert rated.lists() == drafts.lists()
+    narrow = drafts.with_survival(np.array([[0.5], [1.0], [0.5]]))  # positions past the survival's width: 0
+    assert np.allclose(narrow.confidence, [0.5, 0.0, 0.0, 0.5, 0.0])
+
+
 def test_layer_keeps_prefill_rows_fresh_and_checks_drafts():
     rec = Recorder()
     layer = DraftingLayer(rec, FixedLength(), stale_steps=1)

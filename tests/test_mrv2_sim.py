@@ -21,7 +21,14 @@ def cost():
 
 
 def test_every_slot_is_verified_filler_included():
-    assert VerifiesSlots(8).verify([None, [0.9]], np.array([0, 1]), [100, 100]).tolist() == [8, 8]
+    assert VerifiesSlots(8).verify(["a", "b"], [None, [0.9]], np.array([0, 1]), np.array([0, 3]),
+                                   [100, 100]).tolist() == [8, 8]
+
+
+def _verify(av, confidences, drafted, context):
+    n = len(drafted)
+    return av.verify([f"r{i}" for i in range(n)], confidences, np.asarray(drafted), np.zeros(n, dtype=np.int64),
+                     context)
 
 
 def test_adaptive_verification_admits_the_most_likely_slots(cost):
@@ -29,14 +36,30 @@ def test_adaptive_verification_admits_the_most_likely_slots(cost):
     sure, unsure = [0.99] * 8, [0.05] * 8
     # A small batch is memory-bound: verifying more costs almost nothing, so even unlikely slots are admitted; a
     # request without a draft has only filler, which scores 0 and is never admitted.
-    assert av.verify([sure, unsure, None], np.array([8, 8, 0]), [200] * 3).tolist() == [8, 8, 0]
+    assert _verify(av, [sure, unsure, None], [8, 8, 0], [200] * 3).tolist() == [8, 8, 0]
     # A large batch is compute-bound: nearly certain slots are worth their cost, nearly hopeless ones are not.
-    keep = av.verify([sure] * 128 + [unsure] * 128, np.full(256, 8), [200] * 256)
+    keep = _verify(av, [sure] * 128 + [unsure] * 128, [8] * 256, [200] * 256)
     assert (keep[:128] == 8).all() and (keep[128:] <= 1).all()
     # Survival falls along a draft, so what is admitted of each is a prefix: here the likely head of every draft.
     falling = [0.9, 0.8, 0.6, 0.4, 0.2, 0.1, 0.05, 0.01]
-    keep = av.verify([falling] * 256, np.full(256, 8), [200] * 256)
+    keep = _verify(av, [falling] * 256, [8] * 256, [200] * 256)
     assert keep.min() >= 1 and keep.max() < 8 and keep.max() - keep.min() <= 1
+
+
+def test_adaptive_verification_under_our_policy_learns_calibrated_confidences(cost):
+    """Our speculator under the adaptive policy hands vLLM calibrated estimates: a drafter that claims 0.99 but is
+    always rejected at its first token is soon rated low, and vLLM admits little of it at a compute-bound batch."""
+    from spec_plugins.policy.adaptive import AdaptiveLength
+
+    av = AdaptiveVerification(8, cost, AdaptiveLength(cost=cost))
+    keys, n = [f"r{i}" for i in range(256)], 256
+    first = av.verify(keys, [[0.99] * 8] * n, np.full(n, 8), np.zeros(n, dtype=np.int64), [200] * n)
+    for _ in range(30):
+        last = av.verify(keys, [[0.99] * 8] * n, np.full(n, 8), np.zeros(n, dtype=np.int64), [200] * n)
+    assert first.sum() > last.sum() and last.max() <= 1
+    assert av.host_path == "adaptive" and AdaptiveVerification(8, cost).host_path == "fixed"
+    raw = AdaptiveVerification(8, cost)
+    assert (_verify(raw, [[0.99] * 8] * n, [8] * n, [200] * n) == 8).all()  # raw confidences: all admitted
 
 
 def test_mrv2_host_time_adds_the_measured_mrv2_cost():

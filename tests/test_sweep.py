@@ -166,6 +166,20 @@ def test_methods_and_their_engine_configs():
         "spec_plugins": {"proposer": "suffix_tree", "policy": "adaptive"}}
 
 
+def test_adaptive_verification_methods_on_vllm_0_34():
+    configs = sweep.parse_methods("suffix+av,suffix_tree+av", [8], None, "0.34.0")
+    suffix, ours = configs[1], configs[2]
+    assert suffix.speculative_config() == {"method": "suffix", "num_speculative_tokens": 8,
+                                           "enable_adaptive_verification": True}
+    assert ours.speculative_config()["enable_adaptive_verification"] is True and ours.base == "suffix_tree"
+    assert suffix.trtllm_yaml() is None  # TensorRT-LLM has no adaptive verification
+    with pytest.raises(ValueError, match=r"--methods suffix\+av: adaptive verification is vLLM 0.34's .* the "
+                                         r"installed vLLM is 0.32.0"):
+        sweep.parse_methods("suffix+av", [8], None, "0.32.0")
+    with pytest.raises(ValueError, match=r"--methods ngram\+av: adaptive verification needs per-position"):
+        sweep.parse_methods("ngram+av", [8], None, "0.34.0")
+
+
 @pytest.mark.parametrize("methods,options,match", [
     ("nonsense", None, r"--methods nonsense: unknown"),
     ("ngram+adaptive", {"hardware": "h200"}, r"drives our proposers, not vLLM's 'ngram'"),

@@ -33,7 +33,9 @@ def test_speculator_options_are_our_settings():
 
 @pytest.mark.parametrize("options, message", [
     ({"polcy": "adaptive"}, "speculative_config.speculator_options.polcy: unknown key (expected proposer, "
-                            "proposer_options, policy, policy_options)"),
+                            "proposer_options, policy, policy_options, host_drafting)"),
+    ({"host_drafting": "async"}, "speculative_config.speculator_options.host_drafting: Input should be 'sync' or "
+                                 "'stream' (got 'async')"),
     ({"num_speculative_tokens_per_batch_size": [[1, 256, 4]]},
      "speculative_config.speculator_options.num_speculative_tokens_per_batch_size: vLLM 0.34 applies"),
     ({"proposer": "ngram"}, "speculative_config.speculator_options.proposer: method 'spec_plugins_suffix_tree' serves "
@@ -71,9 +73,13 @@ def test_planner_writes_the_form_of_the_version_it_targets():
     plan = SimpleNamespace(chosen=[8, 4], schedule_ranges=lambda: [[1, 4, 8], [5, 256, 4]])
     new = planner.vllm_speculative_config(plan, "suffix_tree")
     assert new == {"method": "spec_plugins_suffix_tree", "num_speculative_tokens": 8,
-                   "num_speculative_tokens_per_batch_size": [[1, 4, 8], [5, 256, 4]]}
+                   "num_speculative_tokens_per_batch_size": [[1, 4, 8], [5, 256, 4]],
+                   "enable_adaptive_verification": True}
+    assert planner.vllm_speculative_config(plan, "suffix")["enable_adaptive_verification"] is True
+    assert "enable_adaptive_verification" not in planner.vllm_speculative_config(plan, "ngram")
     old = planner.vllm_speculative_config(plan, "suffix_tree", "0.33")
     assert old["method"] == "custom_class" and old["model"] == "spec_plugins.vllm.SuffixTree"
+    assert "enable_adaptive_verification" not in old
     assert planner.vllm_speculative_config(plan, "ngram")["method"] == "ngram"  # vLLM's own: every version
 
 

@@ -99,11 +99,13 @@ def measure(streams: list[np.ndarray], batches: list[int], steps: int, warmup: i
                 n, c = int(batch.num_tokens[i]), int(sampled_counts[i])
                 history[slots[i], n - c: n] = batch.token_ids_cpu[i, n - c: n]
             num_sampled = torch.from_numpy(sampled_counts.copy())
+            # every slot verified (adaptive verification admitting all): num_logits - num_sampled, as vLLM counts
+            num_rejected = torch.from_numpy(np.maximum(k + 1 - sampled_counts, 0).astype(np.int32) * (step > 0))
             took = {}
             for who in ("mrv2", "v1") if step % 2 else ("v1", "mrv2"):  # in turns, each first every other step
                 t0 = time.perf_counter()
                 if who == "mrv2":
-                    out = mrv2.propose(ib, {}, {}, None, None, num_sampled, None, None, None, None, None,
+                    out = mrv2.propose(ib, {}, {}, None, None, num_sampled, num_rejected, None, None, None, None,
                                        num_speculative_tokens=k)
                 else:
                     old = v1.propose(batch.sampled, batch.num_tokens, batch.token_ids_cpu)

@@ -51,7 +51,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from spec_plugins.core import Draft, DraftRequest
+from spec_plugins.core import BatchDrafts, Draft, DraftRequest
 from spec_plugins.policy.planner import AcceptanceStats, plan, schedule_for_batch
 from spec_plugins.traces import load_traces
 
@@ -138,7 +138,8 @@ class VerifiesSlots:
     def __init__(self, width: int) -> None:
         self.width = width
 
-    def verify(self, confidences: Sequence[list[float] | None], drafted: np.ndarray, context: list[int]) -> np.ndarray:
+    def verify(self, keys: Sequence[str], confidences: Sequence[list[float] | None], drafted: np.ndarray,
+               accepted: np.ndarray, context: list[int]) -> np.ndarray:
         return np.full(len(drafted), self.width)
 
 
@@ -147,17 +148,31 @@ class AdaptiveVerification(VerifiesSlots):
     its survival (the running product of the drafter's per-position confidences; filler 0), the batch's draft budget
     chosen as the one that maximises expected emitted tokens over step cost, the best slots admitted (ties in
     request order). Differences from vLLM, both in its favour: the step cost is this simulator's own model, and the
-    budget is chosen on this step's confidences where vLLM reads the step before's (async scheduling)."""
+    budget is chosen on this step's confidences where vLLM reads the step before's (async scheduling).
 
-    def __init__(self, width: int, cost: Any) -> None:
+    policy: our speculator's policy under adaptive verification (`AdaptiveLength`): it trims each draft first and
+    hands vLLM its calibrated conditional acceptance estimates instead of the drafter's raw confidences, then
+    learns from the slots vLLM verified (`vllm/mrv2/speculator.py`)."""
+
+    def __init__(self, width: int, cost: Any, policy: Any = None) -> None:
         super().__init__(width)
-        self.cost = cost
+        self.cost, self.policy = cost, policy
+        self.host_path = "fixed" if policy is None else "adaptive"  # which measured drafting host time applies
 
-    def verify(self, confidences: Sequence[list[float] | None], drafted: np.ndarray, context: list[int]) -> np.ndarray:
+    def verify(self, keys: Sequence[str], confidences: Sequence[list[float] | None], drafted: np.ndarray,
+               accepted: np.ndarray, context: list[int]) -> np.ndarray:
         b, w = len(drafted), self.width
+        lengths = np.minimum(drafted, w)
+        if self.policy is not None:
+            drafts = BatchDrafts.from_drafts([Draft([0] * int(n), confidence=None if c is None else c[:n])
+                                              for c, n in zip(confidences, lengths.tolist())])
+            reqs = [DraftRequest(key, range(c), 1, w) for key, c in zip(keys, context)]
+            kept = drafts.truncated(np.asarray(self.policy.trim(reqs, drafts.drafts()), dtype=np.int64))
+            if len(kept.tokens):
+                kept = kept.with_survival(self.policy.survival_batch(keys, kept)[0])
+            confidences, lengths = [d.confidence for d in kept.drafts()], kept.lengths
         conf = np.zeros((b, w))
-        for i, (c, d) in enumerate(zip(confidences, drafted.tolist())):
-            n = min(int(d), w)
+        for i, (c, n) in enumerate(zip(confidences, lengths.tolist())):
             conf[i, :n] = 1.0 if c is None else c[:n]
         flat = np.cumprod(conf, axis=1).ravel()
         order = np.argsort(-flat, kind="stable")  # survival falls along a request, so each request's slots in order
@@ -169,7 +184,15 @@ class AdaptiveVerification(VerifiesSlots):
                    + np.concatenate([[0.0], np.cumsum(extra)]) + self.cost.draft_time([w] * b))
         expected = b + np.concatenate([[0.0], np.cumsum(flat[order])])
         budget = int(np.argmax(expected / seconds))
-        return np.bincount(req[:budget], minlength=b)
+        keep = np.bincount(req[:budget], minlength=b)
+        if self.policy is not None:  # it learns from the slots verified, of what it kept
+            tried = np.minimum(lengths, keep)
+            self.policy.observe_batch(list(keys), tried, np.minimum(accepted, tried))
+        return keep
+
+    def finish(self, key: str) -> None:
+        if self.policy is not None:
+            self.policy.finish(key)
 
 
 def simulate(requests: list[TraceRequest], steps, cost, policies: dict[str, Any],
@@ -189,7 +212,8 @@ def simulate(requests: list[TraceRequest], steps, cost, policies: dict[str, Any]
         context = [int(r.prompt_len + r.pos[k]) for _, r, k in recs]
         for name, pol in policies.items():
             if isinstance(pol, VerifiesSlots):  # Model Runner V2: verified slots, filler included
-                keep = pol.verify([r.confidence[k] for _, r, k in recs], drafted, context)
+                keep = pol.verify([key for key, _, _ in recs], [r.confidence[k] for _, r, k in recs], drafted,
+                                  accepted, context)
             elif callable(pol):
                 keep = np.minimum(np.asarray(pol(drafted, accepted), dtype=int), drafted)
             else:
@@ -203,7 +227,8 @@ def simulate(requests: list[TraceRequest], steps, cost, policies: dict[str, Any]
             tokens[name] += float(np.sum(emitted))
             step = cost.step_time([int(x) for x in keep], context)
             if host is not None:  # this step's drafting appended what the step before emitted
-                step += host.seconds("adaptive" if getattr(pol, "trim", None) else "fixed", len(recs), appended[name])
+                path = getattr(pol, "host_path", "adaptive" if getattr(pol, "trim", None) else "fixed")
+                step += host.seconds(path, len(recs), appended[name])
             if engine is not None:
                 step += engine.seconds(len(recs), 1.0 + float(np.mean(keep)))
             if getattr(pol, "observes_step_time", False):

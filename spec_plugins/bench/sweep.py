@@ -17,7 +17,9 @@ run's, prompt by prompt.
 
 Methods: `none`; vLLM's own `ngram` and `suffix`; our proposers by name (`suffix_tree`, `spec_plugins:ngram`,
 any registered one) with `+adaptive` for the adaptive draft-length policy; `dflash:DIR` (a DFlash or DSpark
-checkpoint in vLLM's DFlash path). Each runs at every `--draft-lengths` K (`none` once).
+checkpoint in vLLM's DFlash path). On vLLM 0.34+ `+av` (last) turns on vLLM's adaptive verification for `suffix`
+and ours (`suffix+av`, `suffix_tree+av`): the configuration the simulation finds best there. Each runs at every
+`--draft-lengths` K (`none` once).
 
 Writes to --out: results.csv / results.json (one row per method, K and concurrency: medians over rounds with
 their min-max spread), pareto.png, categories.csv (acceptance per workload category, from the concurrency-1
@@ -74,24 +76,38 @@ class Config:
     def adaptive(self) -> bool:
         return self.method.endswith("+adaptive")
 
+    @property
+    def verification(self) -> bool:
+        """`+av`: vLLM 0.34's adaptive verification (`enable_adaptive_verification`) on."""
+        return self.method.endswith(AV)
+
+    @property
+    def base(self) -> str:
+        """The method without `+av` (which only adds vLLM's own switch)."""
+        return self.method.removesuffix(AV)
+
     def speculative_config(self) -> dict | None:
-        if self.method == "none":
+        base = self.base
+        if base == "none":
             return None
-        if self.method in NATIVE:
-            return native_config(self.method, self.k)
-        if self.method.startswith("dflash:"):
-            return {"method": "dflash", "model": self.method[len("dflash:"):], "num_speculative_tokens": self.k}
-        return plugin_config(self.method.removeprefix("spec_plugins:"), self.k, dict(self.policy_options))[0]
+        if base in NATIVE:
+            conf = native_config(base, self.k)
+        elif base.startswith("dflash:"):
+            conf = {"method": "dflash", "model": base[len("dflash:"):], "num_speculative_tokens": self.k}
+        else:
+            conf = plugin_config(base.removeprefix("spec_plugins:"), self.k, dict(self.policy_options))[0]
+        return {**conf, "enable_adaptive_verification": True} if self.verification else conf
 
     def additional_config(self) -> dict | None:
         """vLLM 0.32 / 0.33 only: our settings travel in speculator_options on 0.34+."""
-        if self.method == "none" or self.method in NATIVE or self.method.startswith("dflash:"):
+        base = self.base
+        if base == "none" or base in NATIVE or base.startswith("dflash:"):
             return None
-        return plugin_config(self.method.removeprefix("spec_plugins:"), self.k, dict(self.policy_options))[1]
+        return plugin_config(base.removeprefix("spec_plugins:"), self.k, dict(self.policy_options))[1]
 
     def plugin_section(self) -> dict:
         """Our settings, whatever the vLLM version: the `spec_plugins` section of the TensorRT-LLM YAML."""
-        name, section = plugin_section(self.method.removeprefix("spec_plugins:"), dict(self.policy_options))
+        name, section = plugin_section(self.base.removeprefix("spec_plugins:"), dict(self.policy_options))
         return {"spec_plugins": {"proposer": name, **section}}
 
     def serve_args(self) -> list[str]:
@@ -106,7 +122,7 @@ class Config:
         """The same mechanism as a TensorRT-LLM config file, where TensorRT-LLM has it."""
         import yaml
 
-        if self.method == "none":
+        if self.method == "none" or self.verification:  # TensorRT-LLM has no adaptive verification
             return None
         if self.method == "ngram":
             spec = {"decoding_type": "NGram", "max_draft_len": self.k, "max_matching_ngram_size": 5}
@@ -126,8 +142,26 @@ class Config:
         return head + yaml.safe_dump(doc, sort_keys=False)
 
 
-def parse_methods(methods: str, draft_lengths: Sequence[int], policy_options: dict | None) -> list[Config]:
-    """The configurations of `--methods` x `--draft-lengths`; `none` first (the reference of every ratio)."""
+AV = "+av"  # a method's suffix for vLLM 0.34's adaptive verification
+
+
+def check_adaptive_verification(method: str, ours: set[str], vllm_version: str | None) -> None:
+    """`+av` needs vLLM 0.34+ (Model Runner V2) and a method that gives per-position confidences."""
+    from spec_plugins.vllm.settings import on_model_runner_v2
+
+    base = method.removesuffix(AV).removesuffix("+adaptive")
+    if base != "suffix" and (base in NATIVE or base.removeprefix("spec_plugins:") not in ours):
+        raise ValueError(f"--methods {method}: adaptive verification needs per-position confidences: vLLM's "
+                         f"'suffix' or one of our proposers ({', '.join(sorted(ours))})")
+    if vllm_version is not None and not on_model_runner_v2(vllm_version):
+        raise ValueError(f"--methods {method}: adaptive verification is vLLM 0.34's (Model Runner V2, a GPU with "
+                         f"full CUDA graphs); the installed vLLM is {vllm_version}")
+
+
+def parse_methods(methods: str, draft_lengths: Sequence[int], policy_options: dict | None,
+                  vllm_version: str | None = None) -> list[Config]:
+    """The configurations of `--methods` x `--draft-lengths`; `none` first (the reference of every ratio).
+    vllm_version: the vLLM the sweep runs (None: not checked), for what only some versions have (`+av`)."""
     from spec_plugins.registry import available_proposers
 
     names = [m.strip() for m in methods.split(",") if m.strip()]
@@ -138,7 +172,9 @@ def parse_methods(methods: str, draft_lengths: Sequence[int], policy_options: di
     for m in names:
         if m == "none":
             continue
-        base = m.removesuffix("+adaptive")
+        if m.endswith(AV):
+            check_adaptive_verification(m, ours, vllm_version)
+        base = m.removesuffix(AV).removesuffix("+adaptive")
         if m.startswith("dflash:"):
             if not Path(m[len("dflash:"):]).is_dir():
                 raise ValueError(f"--methods {m}: expected dflash:DIR with a draft checkpoint folder")
@@ -147,7 +183,7 @@ def parse_methods(methods: str, draft_lengths: Sequence[int], policy_options: di
         elif base not in NATIVE and base.removeprefix("spec_plugins:") not in ours:
             raise ValueError(f"--methods {m}: unknown; expected none, {', '.join(NATIVE)}, dflash:DIR, or one of "
                              f"our proposers ({', '.join(sorted(ours))}, with +adaptive for the adaptive policy)")
-        options = tuple(sorted((policy_options or {}).items())) if m.endswith("+adaptive") else ()
+        options = tuple(sorted((policy_options or {}).items())) if m.removesuffix(AV).endswith("+adaptive") else ()
         out += [Config(m, k, options) for k in draft_lengths]
     return out
 
@@ -625,7 +661,9 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
     elif not Path(model).is_dir():
         raise ValueError(f"--model {args.model}: expected 'smollm2' or a model folder")
     options = json.loads(args.policy_options) if args.policy_options else {}
-    configs = parse_methods(args.methods, ks, options)
+    from spec_plugins.vllm.settings import installed_vllm
+
+    configs = parse_methods(args.methods, ks, options, installed_vllm())
     if args.url and len(configs) > 1:
         raise ValueError("--url: measures the one server it names; give --methods with one method and one K "
                          "(and not none), or let the sweep start its servers")

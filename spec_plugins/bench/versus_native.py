@@ -107,6 +107,7 @@ def compare(args, cost, workload: str, batch_sizes: list[int], policy_options: d
 
 
 MRV2_NATIVES = ("vllm034_suffix_np", "vllm_ngram")
+AV_WIDTHS = (2, 4, 6, 8, 12, 16)  # K values simulated under adaptive verification
 MRV2_LABELS = {"none": "none", "vllm_ngram": "vLLM ngram", "vllm034_suffix_np": "vLLM suffix",
                "vllm034_suffix_np+av": "vLLM suffix + AV"}
 
@@ -118,12 +119,16 @@ def best_of(goodput: dict[str, list[float]], i: int, prefix: str, least: int = 0
     return int(name.removeprefix(prefix)), goodput[name][i]
 
 
-def compare_mrv2(args, cost, workload: str, batch_sizes: list[int], engine: Any, progress=None) -> list[dict[str, Any]]:
+def compare_mrv2(args, cost, workload: str, batch_sizes: list[int], engine: Any, policy_options: dict[str, Any],
+                 progress=None) -> list[dict[str, Any]]:
     """Everyone on vLLM 0.34's Model Runner V2 with async scheduling (module docstring, `--runners mrv2`)."""
     from spec_plugins.bench.host_time import Mrv2HostTime
     from spec_plugins.bench.policy_sim import AdaptiveVerification, VerifiesSlots, batch_schedule, simulate, trace_requests
 
-    def goodput(proposer: str, with_av: bool, host: Any, engine_host: Any) -> dict[str, list[float]]:
+    from spec_plugins.policy.adaptive import AdaptiveLength
+
+    def goodput(proposer: str, with_av: bool, host: Any, engine_host: Any, ours: bool = False
+                ) -> dict[str, list[float]]:
         traces = load_traces([str(args.traces_dir / workload / f"{proposer}.json")])
         if any(t.get("accounting") != "mrv2" for t in traces):
             raise ValueError(f"--traces-dir: {args.traces_dir / workload / proposer}.json was not replayed with "
@@ -132,8 +137,12 @@ def compare_mrv2(args, cost, workload: str, batch_sizes: list[int], engine: Any,
         requests, out = trace_requests(traces), {}
         for b in batch_sizes:
             policies: dict[str, Any] = {f"static_{d}": VerifiesSlots(d) for d in range(width + 1)}
+            widths = [d for d in AV_WIDTHS if d <= width]
             if with_av:
-                policies.update({f"av_{d}": AdaptiveVerification(d, cost) for d in range(1, width + 1)})
+                policies.update({f"av_{d}": AdaptiveVerification(d, cost) for d in widths})
+            if ours:  # our speculator under the adaptive policy: its cuts and its calibrated confidences
+                policies.update({f"avcal_{d}": AdaptiveVerification(d, cost, AdaptiveLength(cost=cost, **policy_options))
+                                 for d in widths})
             for name, g in simulate(requests, batch_schedule(requests, b, args.steps, args.seed), cost, policies,
                                     host, engine_host).items():
                 out.setdefault(name, []).append(g)
@@ -142,9 +151,10 @@ def compare_mrv2(args, cost, workload: str, batch_sizes: list[int], engine: Any,
         return out
 
     ours_traces = load_traces([str(args.traces_dir / workload / f"{args.ours}.json")])
-    host = Mrv2HostTime.load(build_host_time(args, ours_traces))
-    ours = goodput(args.ours, True, host, engine)
-    ours_prep_hidden = goodput(args.ours, True, host, None)
+    v1_host = build_host_time(args, ours_traces)
+    host = None if v1_host is None else Mrv2HostTime.load(v1_host)
+    ours = goodput(args.ours, True, host, engine, ours=True)
+    ours_prep_hidden = goodput(args.ours, True, host, None, ours=True)
     suffix = goodput("vllm034_suffix_np", True, None, None)
     ngram = goodput("vllm_ngram", False, None, None)
     rows = []
@@ -153,16 +163,21 @@ def compare_mrv2(args, cost, workload: str, batch_sizes: list[int], engine: Any,
                    "vllm034_suffix_np": best_of(suffix, i, "static_", 1),
                    "vllm034_suffix_np+av": best_of(suffix, i, "av_", 1)}
         native, (k_native, g_native) = max(natives.items(), key=lambda kv: kv[1][1])
-        (k_static, g_static), (k_av, g_av) = best_of(ours, i, "static_"), best_of(ours, i, "av_", 1)
+        (k_static, g_static), (k_av, g_av) = best_of(ours, i, "static_", 1), best_of(ours, i, "av_", 1)
+        k_cal, g_cal = best_of(ours, i, "avcal_", 1)
         rows.append({
             "workload": workload, "batch": b, "best_native": MRV2_LABELS[native], "best_native_k": k_native,
             **{f"{n}_goodput": g for n, (_, g) in natives.items()}, **{f"{n}_k": k for n, (k, _) in natives.items()},
             "ours_static_k": k_static, "ours_av_k": k_av, "ours_static_vs_native": g_static / g_native,
-            "ours_av_vs_native": g_av / g_native,
+            "ours_av_vs_native": g_av / g_native, "ours_avcal_k": k_cal, "ours_avcal_vs_native": g_cal / g_native,
             "ours_av_vs_suffix_av": g_av / natives["vllm034_suffix_np+av"][1],
             "ours_static_vs_suffix_static": g_static / natives["vllm034_suffix_np"][1],
-            "prep_hidden_best_vs_native": max(best_of(ours_prep_hidden, i, "static_")[1],
-                                              best_of(ours_prep_hidden, i, "av_", 1)[1]) / g_native})
+            "prep_hidden_best_vs_native": max(best_of(ours_prep_hidden, i, p, 1)[1]
+                                              for p in ("static_", "av_", "avcal_")) / g_native,
+            # the confidences alone: ours under vLLM's adaptive verification, drafting charged, preparation hidden
+            "prep_hidden_av_vs_suffix_av": best_of(ours_prep_hidden, i, "av_", 1)[1] / natives["vllm034_suffix_np+av"][1],
+            "prep_hidden_avcal_vs_suffix_av": (best_of(ours_prep_hidden, i, "avcal_", 1)[1]
+                                               / natives["vllm034_suffix_np+av"][1])})
     return rows
 
 
@@ -188,18 +203,22 @@ def mrv2_main(args, err) -> int:
                                                  "'vllm034_suffix_np={\"adaptive_verification\":true}' ")
     cost = build_cost(args)
     engine = build_engine_host_time(args)
+    policy_options = parse_policy_options(args.policy_options)
     with Progress(console=err, transient=True) as prog:
         task = prog.add_task("simulating", total=len(workloads) * 4)
-        rows = [r for w in workloads for r in compare_mrv2(args, cost, w, batch_sizes, engine, lambda: prog.advance(task))]
+        rows = [r for w in workloads
+                for r in compare_mrv2(args, cost, w, batch_sizes, engine, policy_options, lambda: prog.advance(task))]
     t = Table(title=f"ours ({args.ours}) against vLLM 0.34's methods, everyone on Model Runner V2 (async scheduling); "
                     "modelled goodput ratios")
     for col in ("workload", "batch", "best native (K)", "ours all-K / native (K)", "ours + AV / native (K)",
-                "ours + AV / suffix + AV", "ours all-K / suffix all-K", "ours, prep hidden / native"):
+                "ours adaptive + AV / native (K)", "ours + AV / suffix + AV", "ours all-K / suffix all-K",
+                "ours, prep hidden / native"):
         t.add_column(col, justify="right")
     for r in rows:
         t.add_row(r["workload"], str(r["batch"]), f"{r['best_native']} ({r['best_native_k']})",
                   f"{r['ours_static_vs_native']:.3f}x ({r['ours_static_k']})",
-                  f"{r['ours_av_vs_native']:.3f}x ({r['ours_av_k']})", f"{r['ours_av_vs_suffix_av']:.3f}x",
+                  f"{r['ours_av_vs_native']:.3f}x ({r['ours_av_k']})",
+                  f"{r['ours_avcal_vs_native']:.3f}x ({r['ours_avcal_k']})", f"{r['ours_av_vs_suffix_av']:.3f}x",
                   f"{r['ours_static_vs_suffix_static']:.3f}x", f"{r['prep_hidden_best_vs_native']:.3f}x")
     Console(width=180).print(t)
     if args.json:

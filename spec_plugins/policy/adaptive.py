@@ -167,6 +167,11 @@ class AdaptiveLength:
                               draft_us_per_request=self.options.draft_us_per_request)
         self.cost_source = f"hardware {self.options.hardware!r}"
 
+    def resolve_cost(self) -> None:
+        """Settle the cost model now (core.ResolvesCost), not at the first step."""
+        if self.cost is None:
+            self._cost_from_engine()
+
     def _cost_from_engine(self) -> None:
         """The cost prior of the engine's device (no hardware or profile given): `policy/device.py`."""
         from spec_plugins.policy.device import prior_for_device

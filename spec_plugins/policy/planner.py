@@ -238,7 +238,8 @@ VLLM_TARGET = "0.34"
 
 def vllm_speculative_config(p: Plan, mechanism: str, vllm_version: str = VLLM_TARGET) -> dict[str, Any]:
     """vLLM `--speculative-config` JSON for `vllm_version`: the mechanism, K = the batch-1 draft length, the
-    schedule (ours: a registered method on 0.34+, custom_class on 0.32 / 0.33)."""
+    schedule (ours: a registered method on 0.34+, custom_class on 0.32 / 0.33), and on 0.34+ adaptive verification
+    for the mechanisms that give confidences (vLLM's `suffix`, ours)."""
     if mechanism not in MECHANISMS:
         raise ValueError(f"--mechanism: expected one of {', '.join(MECHANISMS)}, got {mechanism!r}")
     k = max(1, p.chosen[0])  # vLLM needs K >= 1; a schedule of zeros still turns speculation off
@@ -255,6 +256,12 @@ def vllm_speculative_config(p: Plan, mechanism: str, vllm_version: str = VLLM_TA
             conf["model"] = "spec_plugins.vllm.SuffixTree"  # serves the suffix tree with no additional_config
     conf["num_speculative_tokens"] = k
     conf["num_speculative_tokens_per_batch_size"] = p.schedule_ranges()
+    from spec_plugins.vllm.settings import on_model_runner_v2
+
+    if mechanism != "ngram" and on_model_runner_v2(vllm_version):
+        # Model Runner V2 verifies every slot unless adaptive verification trims by the drafter's confidences,
+        # which vLLM's suffix and ours give: the best configuration there by simulation (docs/results.md).
+        conf["enable_adaptive_verification"] = True
     return conf
 
 

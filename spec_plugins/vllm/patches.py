@@ -256,6 +256,12 @@ RELIES_ON: tuple[Relied, ...] = (
                                                                                   "idx_mapping_np"), versions=MRV2),
     Relied("vllm.utils.gpu_sync_debug:gpu_sync_allowed", "our one sync a step, allowed under VLLM_GPU_SYNC_CHECK",
            versions=MRV2),
+    Relied("vllm.v1.worker.gpu.buffer_utils:StagedWriteTensor.apply_write", "host_drafting 'stream': the token "
+           "history is written by a kernel in stream order (never by the host), so the step's host function reads "
+           "it as of that step", contains=("_apply_write_kernel[",), versions=MRV2),
+    Relied("vllm.v1.worker.gpu.input_batch:_get_num_sampled_and_rejected_kernel", "with adaptive verification, "
+           "the slots verified are num_sampled - 1 + num_rejected", contains=("num_rejected = num_logits - num_sampled",),
+           versions=MRV2),
 )
 
 

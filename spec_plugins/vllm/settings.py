@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 from importlib.metadata import PackageNotFoundError, version as dist_version
-from typing import Any
+from typing import Any, Literal
+
+import pydantic
 
 from spec_plugins.settings import ProposerSettings, parse_settings
 
@@ -44,6 +46,19 @@ MRV2_CONFIGS: dict[str, str] = {
 OPTIONS_FIELD = "speculative_config.speculator_options"
 
 
+class Mrv2Settings(ProposerSettings):
+    """vLLM 0.34+: the settings, plus where the host part of a step runs.
+
+    host_drafting: `sync` -- after one sync per step, on the runner's thread (the runner waits for the GPU to
+    finish sampling and for the drafting before it prepares the next step); `stream` -- in the CUDA stream's order,
+    on the driver's callback thread (`mrv2/stream_order.py`): the runner prepares the next step meanwhile, and the
+    GPU waits only for the drafting. CUDA devices only (elsewhere `sync`, with a warning)."""
+
+    host_drafting: Literal["sync", "stream"] = pydantic.Field(
+        default="sync", description="sync: after one sync, on the runner's thread; stream: in the CUDA stream's order "
+        "while the runner prepares the next step (CUDA only; not yet run on a GPU)")
+
+
 def settings_from_speculator_options(options: Any, proposer: str) -> ProposerSettings:
     """vLLM 0.34+: `speculative_config.speculator_options` of our method for `proposer`, checked; every problem is
     one ValueError naming the field."""
@@ -58,7 +73,7 @@ def settings_from_speculator_options(options: Any, proposer: str) -> ProposerSet
     if named != proposer:
         raise ValueError(f"{OPTIONS_FIELD}.proposer: method {MRV2_METHODS[proposer]!r} serves {proposer!r}, got "
                          f"{named!r} (use method {MRV2_METHODS.get(named, 'spec_plugins_<proposer>')!r})")
-    return parse_settings(ProposerSettings, {**options, "proposer": proposer}, OPTIONS_FIELD)
+    return parse_settings(Mrv2Settings, {**options, "proposer": proposer}, OPTIONS_FIELD)
 
 
 def installed_vllm() -> str | None:

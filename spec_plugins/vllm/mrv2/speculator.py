@@ -23,6 +23,12 @@ are mirrored on the host (`prefill_len` at `add_request`, plus `num_sampled` eve
 non-blocking copy from a pinned buffer; the next step's sync guarantees that copy is done before the buffer is
 written again. On vLLM's CPU platform every buffer is host memory and the copies are memcpys.
 
+Adaptive verification (`enable_adaptive_verification`): vLLM trims the batch's drafts by per-position confidences,
+which we hand in `draft_token_confidence_probs`. A policy that rates drafts (`core.RatesDrafts`: `adaptive`) hands
+its calibrated estimates (the conditional acceptance its prefix survival implies), others the proposer's raw
+confidences. vLLM may then verify fewer slots than were drafted: `num_rejected` (copied with `num_sampled`, same
+sync) gives how many it verified, and the policy learns from those only.
+
 Under tensor parallelism each rank builds its own speculator and no collective runs: every rank drafts the same
 tokens because the drafting layer and the proposers are deterministic in the sequence of calls, which the runner
 makes the same on every rank (finished ids are taken in sorted order, as vLLM's own `suffix` does), and because with
@@ -34,13 +40,13 @@ from __future__ import annotations
 import logging
 import re
 import time
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 import torch
 from vllm.v1.worker.gpu.spec_decode.speculator import BaseSpeculator
 
-from spec_plugins.core import BindsModel
+from spec_plugins.core import BindsModel, RatesDrafts, ResolvesCost
 from spec_plugins.drafting import DraftingLayer
 from spec_plugins.vllm.proposer import StepTrace, engine_device
 from spec_plugins.vllm.settings import OPTIONS_FIELD, settings_from_speculator_options
@@ -110,6 +116,12 @@ class SpecPluginsSpeculator(BaseSpeculator):
             self.settings = self.settings.model_copy(update={"policy": "fixed", "policy_options": {}})
         self._rows = np.arange(0, dtype=np.int64)  # 0, 1, 2, ...: the rows of a step where every row drafts
         self._trace = StepTrace.from_env()
+        # host_drafting: stream -- the step's host part in the stream's order (stream_order.py); the runner's
+        # calls that change drafting state wait in _ops for the next step's job; a job's failure in _failure.
+        self.stream_order = self._stream_order(self.settings.host_drafting)
+        self._host_counts = torch.zeros((2, max_reqs), dtype=torch.int32, pin_memory=pinned)  # sampled, rejected
+        self._ops: list[Callable[[], Any]] = []
+        self._failure: BaseException | None = None
         self.drafting = self._new_drafting()
         s = self.settings
         logger.info("spec-plugins: %s on Model Runner V2: proposer %r %s, policy %r %s, K = %d, adaptive "
@@ -130,9 +142,23 @@ class SpecPluginsSpeculator(BaseSpeculator):
                                  on_finish=self._trace.finish if self._trace else None,
                                  clock=time.perf_counter if tp == 1 else None)
         drafting.engine_on_accelerator(engine_device(self.vllm_config) != "cpu")
+        if self.stream_order is not None and isinstance(policy, ResolvesCost):
+            policy.resolve_cost()  # reading the GPU's name is a CUDA call: not allowed later, in stream order
         if self._trace is not None:
             self._trace.start(drafting, self.settings.proposer, self.settings.policy, self.num_speculative_tokens)
         return drafting
+
+    def _stream_order(self, mode: str) -> Any:
+        """None: draft in place after one sync; else the stream order `host_drafting: stream` drafts in."""
+        if mode != "stream":
+            return None
+        if self.device.type != "cuda":
+            logger.warning("spec-plugins: host_drafting 'stream' needs a CUDA device (this one is %s): drafting in "
+                           "place, after one sync per step", self.device.type)
+            return None
+        from spec_plugins.vllm.mrv2.stream_order import CudaStreamOrder
+
+        return CudaStreamOrder(self.device)
 
     def _all_rows(self, n: int) -> np.ndarray:
         if len(self._rows) < n:
@@ -148,18 +174,34 @@ class SpecPluginsSpeculator(BaseSpeculator):
         return
 
     def add_request(self, req_index: int) -> None:
+        self._raise_failure()
         req_id = self.req_states.index_to_req_id[req_index]
+        prefill_len = int(self.req_states.prefill_len.np[req_index])
+        self._run(lambda: self._start(req_index, req_id, prefill_len))
+
+    def _start(self, req_index: int, req_id: str, prefill_len: int) -> None:
         self.drafting.finish(req_id, why="re-sent")  # a preempted request comes back in full: start it over
-        self.total_len[req_index] = int(self.req_states.prefill_len.np[req_index])
+        self.total_len[req_index] = prefill_len
         self.warmup[req_index] = WARMUP_ID.match(req_id) is not None
 
     def on_requests_finished(self, finished_req_ids: Any) -> None:
-        for req_id in sorted(finished_req_ids):  # one order on every rank
-            self.drafting.finish(req_id)  # the suffix tree moves the response into its cross-request cache
+        self._raise_failure()
+        ids = sorted(finished_req_ids)  # one order on every rank
+        self._run(lambda: [self.drafting.finish(req_id) for req_id in ids])  # into the cross-request cache
 
     def reset_state(self) -> None:
         """After the kernel warm-up: forget its requests, in the proposer's cross-request cache too."""
-        self.drafting = self._new_drafting()
+        self._raise_failure()
+        fresh = self._new_drafting()  # built here, on the runner's thread; swapped in at its place in the order
+        self._run(lambda: setattr(self, "drafting", fresh))
+
+    def _run(self, op: Callable[[], Any]) -> None:
+        """A call of the runner's that changes drafting state: now, or with `host_drafting: stream` at the next
+        step's host job, before its drafting (the order the runner made the calls in, on every rank)."""
+        if self.stream_order is None:
+            op()
+        else:
+            self._ops.append(op)
 
     # ---- the step -------------------------------------------------------------------------------
 
@@ -168,13 +210,69 @@ class SpecPluginsSpeculator(BaseSpeculator):
                 next_prefill_tokens: Any, temperature: Any, seeds: Any, dp_sync_state: Any = None,
                 dummy_run: bool = False, skip_attn_for_dummy_run: bool = False, mm_inputs: Any = None,
                 is_profile: bool = False, num_speculative_tokens: int | None = None) -> torch.Tensor:
+        self._raise_failure()
         n = int(input_batch.num_reqs)
         if dummy_run or is_profile:  # profile and DP-sync runs: the result is discarded
             return self._out[:n]
-        with self._sync_allowed():  # the step's one sync: after it, this step's tokens are in the host history
-            sampled = num_sampled[:n].to("cpu").numpy().astype(np.int64)
+        k = self.num_speculative_tokens if num_speculative_tokens is None else min(self.num_speculative_tokens,
+                                                                                   int(num_speculative_tokens))
+        slots = np.array(input_batch.idx_mapping_np[:n], dtype=np.int64)
+        ids = list(input_batch.req_ids[:n])
+        rated = self.enable_adaptive_verification  # vLLM may verify fewer slots than drafted: count them
+        order = self.stream_order
+        if order is None:
+            with self._sync_allowed():  # the step's one sync: after it, this step's tokens are in the host history
+                if rated:
+                    both = torch.stack((num_sampled[:n], num_rejected[:n].to(num_sampled.dtype))).to("cpu").numpy()
+                    sampled, rejected = both[0].astype(np.int64), both[1].astype(np.int64)
+                else:
+                    sampled, rejected = num_sampled[:n].to("cpu").numpy().astype(np.int64), None
+            self._draft(n, k, slots, ids, sampled, rejected)
+        else:  # everything below runs in stream order, after this step's sampling; the runner goes on meanwhile
+            order.copy(self._host_counts[0, :n], num_sampled[:n])
+            if rated:
+                order.copy(self._host_counts[1, :n], num_rejected[:n])
+            ops, self._ops = self._ops, []
+            order.launch(lambda: self._stream_job(ops, n, k, slots, ids, rated))
+        if self.enable_adaptive_verification and self.draft_token_confidence_probs is not self._host_conf:
+            self._copy(self.draft_token_confidence_probs[:n], self._host_conf[:n])
+        if self._out is self._host_out:
+            return self._out[:n]
+        self._copy(self._out[:n], self._host_out[:n])
+        return self._out[:n]
+
+    def _copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        if self.stream_order is None:
+            dst.copy_(src, non_blocking=True)  # the next step's sync finds it done before the buffer is reused
+        else:
+            self.stream_order.copy(dst, src)
+
+    def _stream_job(self, ops: list, n: int, k: int, slots: np.ndarray, ids: list, rated: bool) -> None:
+        """One step's host part in stream order: the runner's calls since the last step, then the drafting. It
+        must not raise (the driver's thread would swallow it): a failure leaves filler and is raised at the
+        speculator's next call."""
+        try:
+            for op in ops:
+                op()
+            counts = self._host_counts.numpy()
+            self._draft(n, k, slots, ids, counts[0, :n].astype(np.int64), counts[1, :n].astype(np.int64) if rated
+                        else None)
+        except BaseException as exc:  # noqa: BLE001  reported at the next call, on the runner's thread
+            self._host_out.numpy()[:n] = 0  # a valid token id; verification rejects what it must
+            if self.enable_adaptive_verification:
+                self._host_conf.numpy()[:n] = 0.0
+            self._failure = self._failure or exc
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            exc, self._failure = self._failure, None
+            raise RuntimeError(f"spec-plugins: drafting in stream order failed: {type(exc).__name__}: {exc}") from exc
+
+    def _draft(self, n: int, k: int, slots: np.ndarray, ids: list, sampled: np.ndarray,
+               rejected: np.ndarray | None) -> None:
+        """The step's host work, once this step's tokens are in the host history: the drafts into `_host_out[:n]`
+        (and the confidences into `_host_conf[:n]`), filler where there is none."""
         start = time.perf_counter() if self._trace is not None else 0.0
-        slots = np.asarray(input_batch.idx_mapping_np[:n], dtype=np.int64)
         totals = self.total_len[slots] + sampled
         self.total_len[slots] = totals
         out = self._host_out.numpy()
@@ -182,13 +280,10 @@ class SpecPluginsSpeculator(BaseSpeculator):
         conf = self._host_conf.numpy() if self.enable_adaptive_verification else None
         if conf is not None:
             conf[:n] = 0.0  # filler is trimmed first
-        k = self.num_speculative_tokens if num_speculative_tokens is None else min(self.num_speculative_tokens,
-                                                                                   int(num_speculative_tokens))
-        ids = input_batch.req_ids
         live = sampled > 0
         warm = self.warmup[slots]
         if live.all() and not warm.any():  # the usual step: every row decodes
-            rows, live_ids, present = self._all_rows(n), ids[:n], ()
+            rows, live_ids, present = self._all_rows(n), ids, ()
         else:
             live &= ~warm
             rows = np.flatnonzero(live)
@@ -198,16 +293,15 @@ class SpecPluginsSpeculator(BaseSpeculator):
         accepted = new - 1
         caps = np.minimum(np.maximum(self.max_model_len - 1 - lens, 0), max(k, 0))
         drafts = self.drafting.step(live_ids, self.history, lens, rows=slots[rows], num_new=new,
-                                    accepted=accepted, max_draft=caps, present=present)
+                                    accepted=accepted, max_draft=caps, present=present,
+                                    verified=None if rejected is None else accepted + rejected[rows])
+        policy = self.drafting.policy
+        if conf is not None and isinstance(policy, RatesDrafts) and len(drafts.tokens):
+            drafts = drafts.with_survival(policy.survival_batch(live_ids, drafts)[0])  # calibrated, for vLLM's trim
         drafts.write_padded(out, rows, confidence_out=conf)
         self.last_drafted = (rows, drafts.lengths)  # batch rows that drafted, and how many tokens each (not filler)
         if self._trace is not None:
             self._trace.step(live_ids, start, drafts.lengths, accepted)
-        if conf is not None and self.draft_token_confidence_probs is not self._host_conf:
-            self.draft_token_confidence_probs[:n].copy_(self._host_conf[:n], non_blocking=True)
-        if self._out is self._host_out:
-            return self._out[:n]
-        return self._out[:n].copy_(self._host_out[:n], non_blocking=True)
 
 
 class SuffixTreeSpeculator(SpecPluginsSpeculator):
