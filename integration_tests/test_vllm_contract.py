@@ -647,3 +647,11 @@ def test_vllm_0_34_suffix_numpy_replay_matches_its_kernels_step_by_step(mrv2):
     assert found["steps"] >= 100 and found["drafts"] >= 200 and found["corpus_drafts"] >= 50, found
     assert found["wrapped"] and found["same_corpus"], found
     assert found["confidences"] >= 20, found  # the statistics moved: many distinct confidences were compared
+
+
+def test_vllm_0_34_ngram_numpy_replay_matches_its_kernels_step_by_step(mrv2):
+    """`vllm034_ngram_np` drafts what vLLM 0.34's GPU `ngram` kernels draft, at every step (n from 2 to 5)."""
+    found = mrv2["mrv2"]["vllm_ngram_np"]
+    assert "error" not in found, found
+    assert found["mismatches"] == [], found
+    assert found["steps"] >= 200 and found["drafts"] >= 100, found

@@ -356,7 +356,8 @@ def mrv2(setup: dict) -> dict:
     out["stream_on_cpu"] = {"stream_order": repr(built.stream_order),
                             "warnings": [line for line in lines.lines if "host_drafting" in line]}
     out["vllm_suffix"] = _vllm_suffix_replay()
-    out["vllm_suffix_np"] = _vllm_suffix_np_check()
+    out["vllm_suffix_np"] = _vllm_np_check("suffix")
+    out["vllm_ngram_np"] = _vllm_np_check("ngram")
     out["installed"] = [p.name for p in patches.PATCHES if patches.installed(p)]
     return json.loads(json.dumps(out, default=str))
 
@@ -386,16 +387,17 @@ def _vllm_suffix_replay() -> dict:
     return out
 
 
-def _vllm_suffix_np_check() -> dict:
-    """The project's numpy replay of vLLM 0.34's `suffix` (`vllm034_suffix_np`) against its kernels, step by step:
-    a replay of generated requests (repetitive token streams over a small vocabulary, so both the request's own
-    history and the corpus match), 3 in flight, K = 8, a 700-token corpus ring that wraps, adaptive verification's
-    statistics on; every draft and every confidence compared."""
+def _vllm_np_check(kind: str) -> dict:
+    """The project's numpy replays of vLLM 0.34's `suffix` / `ngram` (`vllm034_suffix_np`, `vllm034_ngram_np`)
+    against its kernels, step by step: a replay of generated requests (repetitive token streams over a small
+    vocabulary, so both the request's own history and, for `suffix`, the corpus match), 3 in flight, K = 8; for
+    `suffix` a 700-token corpus ring that wraps and adaptive verification's statistics on; every draft and every
+    confidence compared."""
     import numpy as np
 
     from spec_plugins.bench import replay
-    from spec_plugins.bench.vllm034_suffix import Vllm034Suffix
-    from spec_plugins.bench.vllm034_suffix_np import Vllm034SuffixReplay
+    from spec_plugins.bench.vllm034_suffix import Vllm034Ngram, Vllm034Suffix
+    from spec_plugins.bench.vllm034_suffix_np import Vllm034NgramReplay, Vllm034SuffixReplay
 
     rng = np.random.default_rng(7)
     phrases = [rng.integers(0, 40, size=int(rng.integers(3, 9))) for _ in range(12)]
@@ -404,9 +406,14 @@ def _vllm_suffix_np_check() -> dict:
         stream = np.concatenate([phrases[j] for j in rng.integers(0, len(phrases), size=30)])
         rows.append(replay.Row(f"r{i}", np.concatenate([[100 + i, 101], stream[:20]]).astype(np.int32),
                                stream[20:110].astype(np.int32)))
-    options = {"corpus_tokens": 700, "adaptive_verification": True}
-    kernels, ours = Vllm034Suffix(max_model_len=512, max_requests=4, **options), Vllm034SuffixReplay(**options)
-    out = {"steps": 0, "drafts": 0, "corpus_drafts": 0, "mismatches": [], "confidences": set(), "wrapped": False}
+    if kind == "suffix":
+        options = {"corpus_tokens": 700, "adaptive_verification": True}
+        kernels, ours = Vllm034Suffix(max_model_len=512, max_requests=4, **options), Vllm034SuffixReplay(**options)
+    else:
+        options = {"min_n": 2, "max_n": 5}  # several n, so the longest-n rule is exercised
+        kernels, ours = Vllm034Ngram(max_model_len=512, max_requests=4, **options), Vllm034NgramReplay(**options)
+    out = {"steps": 0, "drafts": 0, "corpus_drafts": 0, "mismatches": [], "confidences": set(), "wrapped": False,
+           "same_corpus": None}
 
     class Both:
         def propose(self, requests):
@@ -416,12 +423,17 @@ def _vllm_suffix_np_check() -> dict:
                     out["mismatches"].append({"step": out["steps"], "req": r.req_id, "kernels": [a.tokens, a.confidence],
                                               "numpy": [b.tokens, b.confidence]})
                 out["drafts"] += bool(a.tokens)
-                out["corpus_drafts"] += bool(b.tokens) and ours.last[r.req_id][0] >= 9  # buckets 9+: the corpus
+                if kind == "suffix":
+                    out["corpus_drafts"] += bool(b.tokens) and ours.last[r.req_id][0] >= 9  # buckets 9+: the corpus
                 out["confidences"].update(a.confidence or ())
             out["steps"] += 1
             return theirs
 
         def finish(self, req_id):
+            if kind != "suffix":
+                kernels.finish(req_id)
+                ours.finish(req_id)
+                return
             head = ours.corpus.head
             kernels.finish(req_id)
             ours.finish(req_id)

@@ -45,6 +45,13 @@ OPTION_MODELS: list[tuple[str, str, str]] = [
     ("Replay baseline `vllm034_suffix_np`: the project's replay of vLLM 0.34's `suffix` (benchmarks only)",
      "spec_plugins.bench.vllm034_suffix_np:Vllm034SuffixReplay.Options",
      "`python -m spec_plugins.bench.replay --options 'vllm034_suffix_np={...}'`"),
+    ("Replay baseline `vllm034_ngram_np`: the project's replay of vLLM 0.34's GPU `ngram` (benchmarks only)",
+     "spec_plugins.bench.vllm034_suffix_np:Vllm034NgramReplay.Options",
+     "`python -m spec_plugins.bench.replay --options 'vllm034_ngram_np={...}'`"),
+    ("Replay baseline `vllm034_ngram`: vLLM 0.34's own `ngram` kernels, interpreted (benchmarks only)",
+     "spec_plugins.bench.vllm034_suffix:Vllm034Ngram.Options",
+     "`CUDA_VISIBLE_DEVICES= TRITON_INTERPRET=1 .venv-vllm034/bin/python -m spec_plugins.bench.replay --options "
+     "'vllm034_ngram={...}'`"),
     ("Replay baseline `vllm034_suffix`: vLLM 0.34's own `suffix` kernels, interpreted (benchmarks only)",
      "spec_plugins.bench.vllm034_suffix:Vllm034Suffix.Options",
      "`CUDA_VISIBLE_DEVICES= TRITON_INTERPRET=1 .venv-vllm034/bin/python -m spec_plugins.bench.replay --options "

@@ -18,6 +18,19 @@ import numpy as np
 from spec_plugins import _ledger
 
 
+class RowRange:
+    """0, 1, ..., n - 1 for any n, as views of one array that grows when asked for more (an engine step where every
+    row drafts asks for its rows every step)."""
+
+    def __init__(self) -> None:
+        self._rows = np.arange(0, dtype=np.int64)
+
+    def __call__(self, n: int) -> np.ndarray:
+        if len(self._rows) < n:
+            self._rows = np.arange(max(n, 2 * len(self._rows)), dtype=np.int64)
+        return self._rows[:n]
+
+
 class RequestSlots:
     """req_id -> slot, and one numpy column per named field (shape `(capacity, *tail)`).
 

@@ -88,7 +88,7 @@ def test_versus_native_on_mrv2_from_replayed_traces(tmp_path, capsys):
     rows = _rows()
     traces = tmp_path / "traces"
     options = {"vllm034_suffix_np": {"adaptive_verification": True}}
-    for name in ("suffix_tree", "vllm034_suffix_np", "vllm_ngram"):
+    for name in ("suffix_tree", "vllm034_suffix_np", "vllm034_ngram_np"):
         proposer = replay.make_proposer(name, options.get(name))
         walks = [replay.walk(proposer, row, 8, fill=True) for row in rows]
         result = replay.WorkloadResult(name="w", file=str(workload), rows=rows, walks={name: walks}, updates={},
@@ -109,8 +109,9 @@ def test_versus_native_on_mrv2_from_replayed_traces(tmp_path, capsys):
         # Hiding the runner's next-step preparation can only help ours.
         assert r["prep_hidden_best_vs_native"] >= max(r["ours_av_vs_native"], r["ours_static_vs_native"]) - 1e-9
     # Traces replayed with drafted-only accounting are refused, in one line naming the fix.
-    drafted_only = [replay.walk(replay.make_proposer("vllm_ngram"), row, 8) for row in rows]
+    drafted_only = [replay.walk(replay.make_proposer("vllm034_ngram_np"), row, 8) for row in rows]
     replay.write_traces(traces, replay.WorkloadResult(name="w", file=str(workload), rows=rows,
-                                                      walks={"vllm_ngram": drafted_only}, updates={}, wall_s={}), {}, 8)
+                                                      walks={"vllm034_ngram_np": drafted_only}, updates={},
+                                                      wall_s={}), {}, 8)
     assert versus_native.main(args) == 2
     assert "--accounting mrv2" in capsys.readouterr().err

@@ -85,3 +85,31 @@ def test_options_are_checked():
     p.propose([DraftRequest("a", [1, 2, 1, 2], 4, 8)])
     with pytest.raises(ValueError, match="one K per replay"):
         p.propose([DraftRequest("b", [1, 2], 2, 4)])
+
+
+def brute_ngram(seq: list[int], min_n: int, max_n: int) -> tuple[int, int]:
+    """vLLM 0.34's ngram scan, window by window: the largest (n, pos) whose window equals the last n tokens."""
+    best = (0, 0)
+    for n in range(min_n, max_n + 1):
+        for pos in range(0, len(seq) - n):
+            if seq[pos: pos + n] == seq[len(seq) - n:]:
+                best = max(best, (n, pos))
+    return best
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 3), min_size=0, max_size=50), st.integers(1, 4), st.integers(0, 3))
+def test_ngram_match_is_the_kernels_rule(seq, min_n, extra):
+    from spec_plugins.bench.vllm034_suffix_np import ngram_match
+
+    assert ngram_match(np.array(seq, dtype=np.int64), min_n, min_n + extra) == brute_ngram(seq, min_n, min_n + extra)
+
+
+def test_ngram_replay_drafts_what_followed_and_checks_its_options():
+    from spec_plugins.bench.vllm034_suffix_np import Vllm034NgramReplay
+
+    p = Vllm034NgramReplay(min_n=2, max_n=3)
+    seq = [1, 2, 3, 4, 9, 2, 3, 4, 7, 8, 2, 3, 4]
+    assert p.propose([DraftRequest("a", seq, len(seq), 3)])[0].tokens == [7, 8, 2]  # the latest 3-gram 2, 3, 4
+    with pytest.raises(ValueError):
+        Vllm034NgramReplay(min_n=4, max_n=2)

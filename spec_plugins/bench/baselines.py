@@ -30,7 +30,7 @@ from typing import Any, Callable, Hashable, Sequence
 import numpy as np
 import pydantic
 
-from spec_plugins.bench.vllm034_suffix_np import Vllm034SuffixReplay
+from spec_plugins.bench.vllm034_suffix_np import Vllm034NgramReplay, Vllm034SuffixReplay
 from spec_plugins.core import Draft, DraftRequest
 
 ARCTIC_INSTALL_HINT = (
@@ -186,6 +186,12 @@ def _vllm034_suffix() -> type:
     return Vllm034Suffix
 
 
+def _vllm034_ngram() -> type:
+    from spec_plugins.bench.vllm034_suffix import Vllm034Ngram
+
+    return Vllm034Ngram
+
+
 class _Lazy(dict):
     """Baselines whose module needs another environment (vLLM 0.34), imported when asked for."""
 
@@ -194,10 +200,11 @@ class _Lazy(dict):
         return value() if name in LAZY else value
 
 
-LAZY = {"vllm034_suffix"}
+LAZY = {"vllm034_suffix", "vllm034_ngram"}
 BASELINES: dict[str, type] = _Lazy({"arctic": ArcticSuffix, "vllm_ngram": VllmNgram,
                                     "suffix_tree_continued": ContinuedSuffixTree, "vllm034_suffix": _vllm034_suffix,
-                                    "vllm034_suffix_np": Vllm034SuffixReplay})
+                                    "vllm034_suffix_np": Vllm034SuffixReplay, "vllm034_ngram": _vllm034_ngram,
+                                    "vllm034_ngram_np": Vllm034NgramReplay})
 
 
 def create_baseline(name: str, options: dict[str, Any] | None = None) -> Any:

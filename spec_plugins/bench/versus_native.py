@@ -27,13 +27,13 @@ Reported per workload and batch: ours adaptive / the best native, ours best stat
 
 `--runners mrv2`: everyone on vLLM 0.34's Model Runner V2 with async scheduling, from traces replayed with
 `--accounting mrv2` (every slot verified, filler included): `python -m spec_plugins.bench.replay --proposers
-suffix_tree,vllm034_suffix_np,vllm_ngram --accounting mrv2 --options 'vllm034_suffix_np={"adaptive_verification":
+suffix_tree,vllm034_suffix_np,vllm034_ngram_np --accounting mrv2 --options 'vllm034_suffix_np={"adaptive_verification":
 true}' --trace-out DIR`. Each method at its best K (every slot verified) and, for the suffix methods, with vLLM's
 adaptive verification (`policy_sim.AdaptiveVerification`) at its best K, fed the drafter's confidences (vLLM's
 `suffix`: its online acceptance statistics; ours: the suffix tree's):
 
-* no speculation, vLLM `ngram` and vLLM `suffix` (`vllm034_suffix_np`, the project's replay of its kernels): GPU
-  speculators with no host sync, charged the modelled step alone (their kernels' GPU time is charged nothing,
+* no speculation, vLLM `ngram` and vLLM `suffix` (`vllm034_ngram_np`, `vllm034_suffix_np`: the project's replays of
+  vLLM 0.34's kernels, `ngram` with its default n = 5): GPU speculators with no host sync, charged the modelled step alone (their kernels' GPU time is charged nothing,
   which favours them);
 * ours: its MRV2 drafting host time (`host_time.Mrv2HostTime`: the V1 adapter's measured time plus the MRV2 path's
   measured extra), and the runner's next-step preparation, which our one sync per step keeps from overlapping
@@ -106,9 +106,9 @@ def compare(args, cost, workload: str, batch_sizes: list[int], policy_options: d
     return rows
 
 
-MRV2_NATIVES = ("vllm034_suffix_np", "vllm_ngram")
+MRV2_NATIVES = ("vllm034_suffix_np", "vllm034_ngram_np")
 AV_WIDTHS = (2, 4, 6, 8, 12, 16)  # K values simulated under adaptive verification
-MRV2_LABELS = {"none": "none", "vllm_ngram": "vLLM ngram", "vllm034_suffix_np": "vLLM suffix",
+MRV2_LABELS = {"none": "none", "vllm034_ngram_np": "vLLM ngram", "vllm034_suffix_np": "vLLM suffix",
                "vllm034_suffix_np+av": "vLLM suffix + AV"}
 
 
@@ -156,10 +156,10 @@ def compare_mrv2(args, cost, workload: str, batch_sizes: list[int], engine: Any,
     ours = goodput(args.ours, True, host, engine, ours=True)
     ours_prep_hidden = goodput(args.ours, True, host, None, ours=True)
     suffix = goodput("vllm034_suffix_np", True, None, None)
-    ngram = goodput("vllm_ngram", False, None, None)
+    ngram = goodput("vllm034_ngram_np", False, None, None)
     rows = []
     for i, b in enumerate(batch_sizes):
-        natives = {"none": (0, ngram["static_0"][i]), "vllm_ngram": best_of(ngram, i, "static_", 1),
+        natives = {"none": (0, ngram["static_0"][i]), "vllm034_ngram_np": best_of(ngram, i, "static_", 1),
                    "vllm034_suffix_np": best_of(suffix, i, "static_", 1),
                    "vllm034_suffix_np+av": best_of(suffix, i, "av_", 1)}
         native, (k_native, g_native) = max(natives.items(), key=lambda kv: kv[1][1])

@@ -258,3 +258,53 @@ class Vllm034SuffixReplay:
         end = len(seq)
         start = max(max(prompt_len - PROMPT_CONTEXT, 0), end - (self.corpus.capacity - 1))
         self.corpus.ingest(seq[start:end])
+
+
+def ngram_match(seq: np.ndarray, min_n: int, max_n: int) -> tuple[int, int]:
+    """(n, pos) of vLLM 0.34's GPU `ngram` (`_ngram_scan_kernel`): the longest n in [min_n, max_n] whose last n
+    tokens occur earlier at `pos` (the window may overlap the suffix, not be it), the latest such pos; (0, 0) for
+    none."""
+    total, best = len(seq), (0, 0)
+    for n in range(min_n, max_n + 1):
+        if total - n - 1 < 0:
+            break
+        tail = seq[total - n:]
+        cand = np.flatnonzero(seq[: total - n] == tail[0])
+        for j in range(1, n):
+            cand = cand[seq[cand + j] == tail[j]]
+        if cand.size:
+            best = (n, int(cand[-1]))
+    return best
+
+
+class Vllm034NgramReplay:
+    """vLLM 0.34's GPU `ngram` speculator (`v1/worker/gpu/spec_decode/ngram/`), replayed in numpy: the draft is what
+    followed the match, up to K tokens and the context's end. Its defaults: n from 5 to 5 (`prompt_lookup_min` /
+    `prompt_lookup_max` unset); vLLM's V1 prompt lookup (`vllm_ngram`) is the same rule with our 2-5."""
+
+    name = "vllm034_ngram_np"
+
+    class Options(pydantic.BaseModel):
+        model_config = pydantic.ConfigDict(extra="forbid")
+        min_n: int = pydantic.Field(default=5, ge=1, description="prompt_lookup_min")
+        max_n: int = pydantic.Field(default=5, ge=1, description="prompt_lookup_max")
+
+        @pydantic.model_validator(mode="after")
+        def _ordered(self) -> "Vllm034NgramReplay.Options":
+            if self.min_n > self.max_n:
+                raise ValueError(f"min_n {self.min_n} must be <= max_n {self.max_n}")
+            return self
+
+    def __init__(self, **options: Any) -> None:
+        self.options = self.Options(**options)
+
+    def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        o, out = self.options, []
+        for r in requests:
+            seq = np.asarray(r.tokens, dtype=np.int64)
+            n, pos = ngram_match(seq, o.min_n, o.max_n)
+            out.append(Draft(seq[pos + n: pos + n + r.max_draft].tolist() if n else []))
+        return out
+
+    def finish(self, req_id: Hashable) -> None:
+        return None

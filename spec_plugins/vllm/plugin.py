@@ -308,7 +308,9 @@ def check_mrv2_args(engine_args: Any) -> None:
     method, model = spec.get("method"), str(spec.get("model") or "")
     if method == "custom_class" and model.startswith("spec_plugins."):
         name = model.rpartition(".")[2]
-        proposer = {"SuffixTree": "suffix_tree", "Ngram": "ngram"}.get(name, "suffix_tree")
+        from spec_plugins.vllm import proposer as v1_classes
+
+        proposer = getattr(getattr(v1_classes, name, None), "fixed_proposer", None) or "suffix_tree"
         raise ValueError(f"speculative_config.method: vLLM {_vllm_version()} has no 'custom_class'; use "
                          f"{{\"method\": \"{MRV2_METHODS[proposer]}\", \"num_speculative_tokens\": K}} with our "
                          "options in speculative_config.speculator_options")

@@ -49,6 +49,7 @@ import numpy as np
 from spec_plugins.vllm import _rows
 from spec_plugins.core import BindsModel, check_cap
 from spec_plugins.drafting import DraftingLayer
+from spec_plugins.slots import RowRange
 from spec_plugins.vllm.plugin import RequestIdAware, install
 from spec_plugins.vllm.settings import VllmSettings, settings_from_additional_config
 
@@ -90,7 +91,7 @@ class SpecPluginsProposer(RequestIdAware):
         # them a row stands for its request; rows are reused and reordered between steps, which only
         # blurs per-request state (our proposers see the whole context every step).
         self.row_req_ids = None
-        self._rows = np.arange(0, dtype=np.int64)  # 0, 1, 2, ...: the rows of a step where every row drafts
+        self._all_rows = RowRange()  # 0, 1, 2, ...: the rows of a step where every row drafts
         # vLLM builds us inside GPUModelRunner.__init__: let the plugin (if registered in this
         # process) wrap the runner now, before its first step.
         hooked = install()
@@ -186,11 +187,6 @@ class SpecPluginsProposer(RequestIdAware):
     def finish(self, req_id: Any, why: str = "finished") -> None:
         """Free `req_id`'s state in the proposer and the policy (ids never proposed for are ignored)."""
         self.drafting.finish(req_id, why)
-
-    def _all_rows(self, num_rows: int) -> np.ndarray:
-        if len(self._rows) < num_rows:
-            self._rows = np.arange(max(num_rows, 2 * len(self._rows)), dtype=np.int64)
-        return self._rows[:num_rows]
 
     def _row_ids(self, num_rows: int) -> list[Any]:
         ids = self.row_req_ids

@@ -48,6 +48,7 @@ from vllm.v1.worker.gpu.spec_decode.speculator import BaseSpeculator
 
 from spec_plugins.core import BindsModel, RatesDrafts, ResolvesCost
 from spec_plugins.drafting import DraftingLayer
+from spec_plugins.slots import RowRange
 from spec_plugins.vllm.proposer import StepTrace, engine_device
 from spec_plugins.vllm.settings import OPTIONS_FIELD, settings_from_speculator_options
 
@@ -114,7 +115,7 @@ class SpecPluginsSpeculator(BaseSpeculator):
                            "adaptive verification (speculative_config.enable_adaptive_verification: true); every "
                            "slot is verified without it", self.settings.policy)
             self.settings = self.settings.model_copy(update={"policy": "fixed", "policy_options": {}})
-        self._rows = np.arange(0, dtype=np.int64)  # 0, 1, 2, ...: the rows of a step where every row drafts
+        self._all_rows = RowRange()  # 0, 1, 2, ...: the rows of a step where every row drafts
         self._trace = StepTrace.from_env()
         # host_drafting: stream -- the step's host part in the stream's order (stream_order.py); the runner's
         # calls that change drafting state wait in _ops for the next step's job; a job's failure in _failure.
@@ -159,11 +160,6 @@ class SpecPluginsSpeculator(BaseSpeculator):
         from spec_plugins.vllm.mrv2.stream_order import CudaStreamOrder
 
         return CudaStreamOrder(self.device)
-
-    def _all_rows(self, n: int) -> np.ndarray:
-        if len(self._rows) < n:
-            self._rows = np.arange(max(n, 2 * len(self._rows)), dtype=np.int64)
-        return self._rows[:n]
 
     # ---- what the runner calls besides propose ----------------------------------------------------
 
