@@ -93,6 +93,7 @@ class SuffixCorpus:
         self.table = np.full((2, self.num_buckets, BUCKET_SLOTS), -1, dtype=np.int64)  # [4-token, 2-token]
         self.head = 0
         self.doc_seq = 0
+        self.rejected = 0  # candidates a lookup rejected: hash collisions and overwritten documents
 
     def ingest(self, doc: np.ndarray) -> None:
         """Append one finished response (already cut to its indexed span) and index each of its positions."""
@@ -129,11 +130,15 @@ class SuffixCorpus:
                 continue
             cpos = v & 0xFFFFFFFF
             if cpos >= cap or corpus[cpos] < 0:
+                self.rejected += 1
                 continue
             span = corpus[max(cpos - len(tail), 0): cpos][::-1]
             miss = np.flatnonzero(span != tail[: len(span)])
             c_len = int(miss[0]) if miss.size else len(span)
-            if c_len < key_len[i] or any(c == cpos for _, _, c, _ in cands):
+            if c_len < key_len[i]:
+                self.rejected += 1
+                continue
+            if any(c == cpos for _, _, c, _ in cands):
                 continue
             cands.append((i, v, cpos, c_len))
         conts = {}
