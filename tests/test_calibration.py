@@ -49,3 +49,32 @@ def test_traces_without_confidences_are_one_line(tmp_path, capsys):
     path.write_text(json.dumps(doc))
     assert calibration.main(["--traces", str(path)]) == 2
     assert "no step carries confidences" in capsys.readouterr().err
+
+
+def _trace(steps: list[dict]) -> dict:
+    return {"format": TRACE_FORMAT, "workload": "w", "proposer": "p", "max_draft": 4,
+            "requests": [{"id": "r", "prompt_len": 3, "response_len": 20, "steps": steps}]}
+
+
+def test_only_positions_reached_are_scored_and_the_log_loss():
+    steps = [{"pos": 1, "drafted": 4, "accepted": 1, "confidence": [0.9, 0.5, 0.4, 0.3]},  # 0 hit, 1 miss, 2-3 not tried
+             {"pos": 3, "drafted": 2, "accepted": 2, "confidence": [0.8, 0.7]},  # both hit; nothing past the draft
+             {"pos": 6, "drafted": 0, "accepted": 0, "confidence": []}]
+    t = calibration.tried_tokens(_trace(steps))
+    assert t["pos"].tolist() == [0, 1, 0, 1] and t["conf"].tolist() == [0.9, 0.5, 0.8, 0.7]
+    assert t["ok"].tolist() == [1.0, 0.0, 1.0, 1.0]
+    row = calibration.calibrate(_trace(steps))[0]
+    expected = -(np.log(0.9) + np.log(0.5) + np.log(0.8) + np.log(0.7)) / 4
+    assert row["tries"] == 4 and row["log_loss"] == pytest.approx(expected, abs=1e-9)
+
+
+def test_informative_confidences_beat_the_base_rate():
+    rng = np.random.default_rng(0)
+    steps = []
+    for i in range(400):
+        p = float(rng.choice([0.1, 0.9]))
+        steps.append({"pos": i, "drafted": 1, "accepted": int(rng.random() < p), "confidence": [p]})
+    row = calibration.calibrate(_trace(steps))[0]
+    assert row["log_loss"] < row["base_rate_log_loss"]
+    by_bin = {b["bin"]: b for b in row["bins"]}
+    assert abs(by_bin[1]["observed"] - 0.1) < 0.07 and abs(by_bin[9]["observed"] - 0.9) < 0.07

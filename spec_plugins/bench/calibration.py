@@ -10,7 +10,11 @@ observed conditional acceptance at k is successes / tries: exactly what the conf
 
 Reported per trace, per kind of candidate (all; and "copy" / "count" where the trace records `kind`, the
 suffix tree's copy drafts and tree drafts) and per draft position bucket: tries, mean predicted, observed,
-and the expected calibration error (ECE: |predicted - observed| per confidence bin, weighted by tries).
+and the expected calibration error (ECE: |predicted - observed| per confidence bin, weighted by tries), and the
+log-loss of the confidences (the mean of -[y log p + (1 - y) log(1 - p)], p clipped to [1e-6, 1 - 1e-6]; lower is
+better) beside that of the trace's own acceptance rate at each position (a predictor with no per-step
+information; a confidence worth having beats it). Traces replayed with `--accounting mrv2` count filler the
+target happened to accept in `accepted`; only drafted tokens are scored, so that does not enter.
 The reliability diagram draws observed against predicted per bin (bins of >= 20 tries), for positions 0 and 1.
 """
 
@@ -27,6 +31,7 @@ import numpy as np
 from spec_plugins.traces import load_traces
 
 FORMAT = "spec-plugins-calibration/1"
+EPS = 1e-6
 POSITION_BUCKETS = ((0, 0), (1, 1), (2, 3), (4, 7), (8, 1 << 30))
 MIN_PLOTTED_TRIES = 20
 
@@ -48,10 +53,17 @@ def tried_tokens(trace: dict) -> dict[str, np.ndarray]:
             "ok": np.array(ok, dtype=float), "kind": np.array(kind, dtype=object)}
 
 
-def reliability(conf: np.ndarray, ok: np.ndarray, bins: int) -> dict[str, Any]:
-    """Tries, mean predicted, observed rate and ECE over equal-width confidence bins."""
+def log_loss(p: np.ndarray, ok: np.ndarray) -> float:
+    p = np.clip(p, EPS, 1 - EPS)
+    return float(-np.mean(np.where(ok > 0, np.log(p), np.log1p(-p))))
+
+
+def reliability(conf: np.ndarray, ok: np.ndarray, bins: int, base_rate: np.ndarray | None = None) -> dict[str, Any]:
+    """Tries, mean predicted, observed rate, ECE over equal-width confidence bins, and log-loss (and, given each
+    token's base-rate prediction, its log-loss)."""
     if not len(conf):
-        return {"tries": 0, "predicted": None, "observed": None, "ece": None, "bins": []}
+        return {"tries": 0, "predicted": None, "observed": None, "ece": None, "log_loss": None,
+                "base_rate_log_loss": None, "bins": []}
     which = np.minimum((conf * bins).astype(int), bins - 1)
     table, ece = [], 0.0
     for b in range(bins):
@@ -61,11 +73,15 @@ def reliability(conf: np.ndarray, ok: np.ndarray, bins: int) -> dict[str, Any]:
             table.append({"bin": b, "tries": int(m.sum()), "predicted": p, "observed": o})
             ece += m.sum() * abs(p - o)
     return {"tries": int(len(conf)), "predicted": float(conf.mean()), "observed": float(ok.mean()),
-            "ece": ece / len(conf), "bins": table}
+            "ece": ece / len(conf), "log_loss": log_loss(conf, ok),
+            "base_rate_log_loss": None if base_rate is None else log_loss(base_rate, ok), "bins": table}
 
 
 def calibrate(trace: dict, bins: int = 10) -> list[dict[str, Any]]:
     t = tried_tokens(trace)
+    # the trace's acceptance rate at each position, as a prediction for each tried token there
+    rate = np.array([t["ok"][t["pos"] == j].mean() for j in range(int(t["pos"].max()) + 1)]) if len(t["pos"]) else None
+    base = None if rate is None else rate[t["pos"]]
     kinds = ["all"] + sorted(k for k in set(t["kind"].tolist()) if k)
     rows = []
     for kind in kinds:
@@ -74,7 +90,8 @@ def calibrate(trace: dict, bins: int = 10) -> list[dict[str, Any]]:
             m = in_kind & (t["pos"] >= lo) & (t["pos"] <= hi)
             label = "all" if (lo, hi) == (0, 1 << 30) else (str(lo) if lo == hi else f"{lo}-{hi}" if hi < 1 << 30 else f"{lo}+")
             rows.append({"workload": trace.get("workload", "?"), "proposer": trace.get("proposer", "?"), "kind": kind,
-                         "positions": label, **reliability(t["conf"][m], t["ok"][m], bins)})
+                         "positions": label,
+                         **reliability(t["conf"][m], t["ok"][m], bins, None if base is None else base[m])})
     return rows
 
 
@@ -85,6 +102,11 @@ def plot(path: Path, rows: list[dict[str, Any]]) -> None:
     import matplotlib.pyplot as plt
 
     workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    several = len({r["proposer"] for r in rows}) > 1
+
+    def who(r: dict) -> str:  # the proposer, where traces of several are drawn together
+        return f"{r['proposer']}: " if several else ""
+
     fig, axes = plt.subplots(1, len(workloads), figsize=(4.2 * len(workloads), 4), squeeze=False)
     for ax, w in zip(axes[0], workloads):
         for r in rows:
@@ -92,7 +114,7 @@ def plot(path: Path, rows: list[dict[str, Any]]) -> None:
                 continue
             shown = [b for b in r["bins"] if b["tries"] >= MIN_PLOTTED_TRIES]  # a sparse bin is noise
             ax.plot([b["predicted"] for b in shown], [b["observed"] for b in shown],
-                    "o-" if r["positions"] == "0" else "s--", label=f"{r['kind']}, position {r['positions']} "
+                    "o-" if r["positions"] == "0" else "s--", label=f"{who(r)}{r['kind']}, position {r['positions']} "
                     f"(ECE {r['ece']:.3f})", ms=3)
         ax.plot([0, 1], [0, 1], color="grey", lw=0.8)
         ax.set_title(w)
@@ -126,13 +148,14 @@ def main(argv: list[str] | None = None) -> int:
         err.print(f"[red]error:[/red] {exc}")
         return 2
     t = Table(title="per-token confidence against observed conditional acceptance")
-    for col in ("workload", "kind", "positions", "tries", "predicted", "observed", "ECE"):
+    for col in ("workload", "proposer", "kind", "positions", "tries", "predicted", "observed", "ECE", "log-loss",
+                "base-rate log-loss"):
         t.add_column(col, justify="right")
     for r in rows:
         if r["tries"]:
-            t.add_row(r["workload"], r["kind"], r["positions"], str(r["tries"]), f"{r['predicted']:.3f}",
-                      f"{r['observed']:.3f}", f"{r['ece']:.3f}")
-    Console(width=140).print(t)
+            t.add_row(r["workload"], r["proposer"], r["kind"], r["positions"], str(r["tries"]), f"{r['predicted']:.3f}",
+                      f"{r['observed']:.3f}", f"{r['ece']:.3f}", f"{r['log_loss']:.4f}", f"{r['base_rate_log_loss']:.4f}")
+    Console(width=170).print(t)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"format": FORMAT, "command": " ".join(sys.argv), "rows": rows}, indent=1))
