@@ -13,7 +13,8 @@ under adaptive verification over the slots a stand-in for vLLM's budget admits (
 the running product of the speculator's confidences, stays at or above `ADMIT`), with `num_rejected` as vLLM's
 `get_num_sampled_and_rejected` gives it (verified slots + 1 - sampled).
 The same steps are handed to the V1 `custom_class` proposer (`spec_plugins.vllm.SuffixTree`): its rows, its
-`sampled_token_ids` and its finishes, so both see the same contexts and their drafts can be compared.
+`sampled_token_ids` and its finishes, so both see the same contexts and their drafts can be compared (the suffix
+tree's with `fill` on: on MRV2 its `auto` fills every slot, on V1 it does not).
 """
 
 from __future__ import annotations
@@ -125,10 +126,13 @@ def run(vllm_config: Any, *, v1: bool = True, chunk: int = 40, preempt: tuple[st
         from spec_plugins.vllm import Ngram, SuffixTree
 
         v1_class = SuffixTree if spec.proposer_name == "suffix_tree" else Ngram
+        section = dict(vllm_config.speculative_config.speculator_options or {})
+        if spec.proposer_name == "suffix_tree":  # `fill: auto` fills on MRV2 (every slot verified), not on V1
+            section["proposer_options"] = {"fill": True, **dict(section.get("proposer_options") or {})}
         old = v1_class(SimpleNamespace(
             speculative_config=SimpleNamespace(num_speculative_tokens=K, num_speculative_tokens_per_batch_size=None),
             model_config=vllm_config.model_config, device_config=vllm_config.device_config,
-            additional_config={"spec_plugins": dict(vllm_config.speculative_config.speculator_options or {})}))
+            additional_config={"spec_plugins": section}))
     rec = Record()
     reqs = workload(seed)
     waiting = list(reqs)

@@ -294,6 +294,16 @@ class RunsBesideEngine(Protocol):
 
 
 @runtime_checkable
+class ShapesDraftsForRunner(Protocol):
+    """A proposer whose drafts depend on how the runner verifies them (the suffix tree's `fill`): the adapter says
+    whether every one of the K slots is verified whatever the draft's length (vLLM 0.34's Model Runner V2 pads a
+    short draft with the last token), so a longer draft costs nothing, or only the drafted tokens are (vLLM's V1
+    runner, TensorRT-LLM)."""
+
+    def runner_verifies_all(self, verifies_all: bool) -> None: ...
+
+
+@runtime_checkable
 class Configurable(Protocol):
     """A proposer or policy class whose keyword options are a pydantic model (validated by the registry)."""
 

@@ -30,8 +30,8 @@ import numpy as np
 from spec_plugins import _ledger
 from spec_plugins.core import (
     BatchDrafts, BatchPolicy, BatchProposer, BindsModel, DraftBatch, DraftLengthPolicy, DraftRequest, HasStats,
-    FixedLength, LoadsTarget, ObservesStepTime, Proposer, ReqId, RunsBesideEngine, TrimsDrafts, apply_policy,
-    check_cap, check_drafts,
+    FixedLength, LoadsTarget, ObservesStepTime, Proposer, ReqId, RunsBesideEngine, ShapesDraftsForRunner,
+    TrimsDrafts, apply_policy, check_cap, check_drafts,
 )
 from spec_plugins.slots import RequestSlots
 
@@ -107,6 +107,11 @@ class DraftingLayer:
         """Tell the proposer whether the engine's forward runs on an accelerator (core.RunsBesideEngine)."""
         if isinstance(self.proposer, RunsBesideEngine):
             self.proposer.engine_on_accelerator(on_accelerator)
+
+    def runner_verifies_all(self, verifies_all: bool) -> None:
+        """Tell the proposer whether the runner verifies every draft slot (core.ShapesDraftsForRunner)."""
+        if isinstance(self.proposer, ShapesDraftsForRunner):
+            self.proposer.runner_verifies_all(verifies_all)
 
     def load(self, target: Any) -> None:
         """Hand the target model to a drafter that needs it."""

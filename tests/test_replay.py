@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from spec_plugins.bench import replay
-from spec_plugins.bench.replay import Row, TextTokenizer, load_workload, walk
+from spec_plugins.bench.replay import Row, TextTokenizer, load_workload, run_workload, walk
 from spec_plugins.core import Draft
 from spec_plugins.proposers.ngram import NgramProposer
 from spec_plugins.traces import TRACE_FORMAT, read_trace
@@ -386,3 +386,25 @@ def test_vllm034_suffix_says_where_it_runs(monkeypatch) -> None:
         replay.make_proposer("vllm034_suffix")
     assert "vllm034_suffix" in replay.proposer_names()
     assert replay.effective_options("vllm034_suffix", None)["corpus_tokens"] == 1 << 20
+
+
+@pytest.mark.parametrize("fill", [False, True])
+def test_paired_scores_walk_to_what_the_replay_reports(rows, fill) -> None:
+    """bench.paired drafts at every position; a walk read off its scores is the replay's own walk (for proposers
+    whose drafts depend only on the context: vLLM 0.34's suffix without its statistics, ngram), and the better of
+    the two at every step is at least either."""
+    from spec_plugins.bench.paired import score_positions, summarize
+
+    names = ("ngram", "vllm034_suffix_np")
+    scores = score_positions(rows, names, {}, 6, fill)
+    assert len(scores["a"]) == sum(len(r.response) - 1 for r in rows)
+    result = run_workload("tiny", "tiny.jsonl", rows, list(names), {}, 6, fill=fill)
+    summary = summarize(scores)
+    for side, name in zip("ab", names):
+        walked = result.walks[name]
+        want = sum(sum(a + 1 for a in w.accepted) for w in walked) / sum(len(w.accepted) for w in walked)
+        assert summary["walk"][side] == pytest.approx(want, abs=1e-4), (name, summary["walk"])
+    assert summary["walk"]["oracle"] >= max(summary["walk"]["a"], summary["walk"]["b"])
+    assert summary["all"]["a_wins"] + summary["all"]["b_wins"] + summary["all"]["ties"] == pytest.approx(1.0, abs=1e-3)
+    kinds = set(summary["by_kind"])
+    assert any(k.endswith("/ local") for k in kinds), kinds  # vLLM's replay reports where each draft came from

@@ -51,8 +51,8 @@ class Table:
                         self.newest[s] = (order, i)
         self.alphabet = sorted(alphabet)
 
-    def follow(self, s: tuple, room: int, min_prob: float):
-        toks, probs, p, score = [], [], 1.0, 0.0
+    def follow(self, s: tuple, room: int, min_prob: float, p: float = 1.0):
+        toks, probs, score = [], [], 0.0
         while len(toks) < room:
             kids = [s + (c,) for c in self.alphabet if s + (c,) in self.count]
             if not kids:
@@ -169,27 +169,54 @@ class RefCopier:
         return toks, probs, s, self.len if toks else 0
 
 
-def oracle_draft(local: list[int], cached: list[tuple[int, list[int]]], depth, max_tokens, spec, copy=None):
+def oracle_draft(local: list[int], cached: list[tuple[int, list[int]]], depth, max_tokens, spec, copy=None,
+                 fill=False):
     factor, offset, min_prob = spec
-    best = Table([(0, local)], depth).draft(local, max_tokens, factor, offset, min_prob)
+    table = Table([(0, local)], depth)
+    best = table.draft(local, max_tokens, factor, offset, min_prob)
     if cached:
-        other = Table(cached, depth).draft(local, max_tokens, factor, offset, min_prob)
-        best = other if other[2] > best[2] else best
-    return best if copy is None else with_copy(best, RefCopier(local, depth, copy), max_tokens)
+        other_table = Table(cached, depth)
+        other = other_table.draft(local, max_tokens, factor, offset, min_prob)
+        if other[2] > best[2]:
+            best, table = other, other_table
+    filled = continued(table, local, best, depth, max_tokens) if fill else None
+    if copy is None:
+        return best if filled is None else filled
+    return with_copy(best, RefCopier(local, depth, copy), max_tokens, filled)
 
 
-def with_copy(best, copier: RefCopier, max_tokens: int):
+def continued(table: Table, ctx, draft, depth: int, max_tokens: int):
+    """`fill`: the count draft's path followed on with no probability floor and no budget, up to max_tokens or
+    the tree's depth (Tree::continue_path)."""
+    toks, probs, score, L = draft
+    if not toks:
+        return draft
+    s = tuple(ctx[len(ctx) - L:]) + tuple(toks)
+    more, more_p, _ = table.follow(s, min(max_tokens, depth - L) - len(toks), 0.0, p=probs[-1])
+    return toks + more, probs + more_p, score, L
+
+
+def with_copy(best, copier: RefCopier, max_tokens: int, filled=None):
     """The count draft `best` against the copy draft: the count score is discounted by the copy
     hazard of its match length, and the copy wins ties. A count draft that wins carries the same
     reliability in its probabilities: token k's path probability times h(L) * ... * h(L + k). Where both
-    candidates exist and start with different tokens, the winner's probabilities are times disagree_factor."""
+    candidates exist and start with different tokens, the winner's probabilities are times disagree_factor.
+    `filled` (the count draft continued, under `fill`): the winner is filled after the choice, a copy by copying
+    on with no floor."""
     score = 0.0
     for k, p in enumerate(best[1]):
         score += p * copier.hazard(best[3] + k)
     mine = copier.draft(max_tokens)
     agreement = copier.cp["disagree_factor"] if best[0] and mine[0] and best[0][0] != mine[0][0] else 1.0
     if mine[0] and mine[2] >= score:
+        if filled is not None and len(mine[0]) < max_tokens:
+            floor, copier.cp = copier.cp, {**copier.cp, "min_prob": 0.0}
+            more = copier.draft(max_tokens)
+            copier.cp = floor
+            mine = (more[0], more[1], mine[2], more[3])
         return mine[0], [p * agreement for p in mine[1]], mine[2], mine[3]
+    if filled is not None:
+        best = filled
     probs, h = [], agreement
     for k, p in enumerate(best[1]):
         h *= copier.hazard(best[3] + k)
@@ -326,10 +353,12 @@ def check_repeat(tree, live, entry, depth, exact_oldest):
         max_size=14,
     ),
     max_tokens=st.integers(0, 8),
+    fill=st.booleans(),
 )
-def test_cache_matches_oracle(depth, max_cached, in_flight, spec, copy, ops, max_tokens):
+def test_cache_matches_oracle(depth, max_cached, in_flight, spec, copy, ops, max_tokens, fill):
     factor, offset, min_prob = spec
     core = _core.SuffixCache(depth, max_cached, in_flight, factor, offset, min_prob, **core_copy_args(copy))
+    core.set_fill(fill)
     active: dict[int, dict] = {}  # key -> {"tokens", "prompt", "slot"}
     cached: list[dict] = []  # global sequences, oldest first: {"order", "tokens", "owner"}
     order = 0
@@ -369,7 +398,7 @@ def test_cache_matches_oracle(depth, max_cached, in_flight, spec, copy, ops, max
         assert core.num_cached == len(cached) and core.num_active == len(active)
         for k, req in active.items():
             want = oracle_draft(
-                req["tokens"], [(c["order"], c["tokens"]) for c in cached], depth, max_tokens, spec, copy
+                req["tokens"], [(c["order"], c["tokens"]) for c in cached], depth, max_tokens, spec, copy, fill
             )
             same(core.speculate(k, max_tokens), want)
             if copy is not None:
@@ -812,3 +841,39 @@ def test_drafts_identical_across_processes_with_different_hash_seeds():
                                    text=True, check=True).stdout)
     assert outs[0] == outs[1]
     assert sum(len(tokens) > 0 for tokens, _ in json.loads(outs[0])) > 50  # real drafts were compared
+
+
+def test_fill_continues_the_chosen_draft_where_every_slot_is_verified():
+    """`fill` drafts all max_draft tokens: the count draft's path goes on past the budget and the probability
+    floor, a copy past copy_min_prob; the confident prefix is the unfilled draft. `auto` follows the runner."""
+    p = create_proposer("suffix_tree", {"max_depth": 16, "copy_drafts": False})
+    filled = create_proposer("suffix_tree", {"max_depth": 16, "copy_drafts": False, "fill": True})
+    for prop in (p, filled):
+        prop.start("old", [0])
+        prop.append("old", [3, 7, 8, 9, 10, 11, 12, 13])
+        prop.finish("old")
+    ctx = [1, 2, 3, 7]
+    (d,) = p.propose([DraftRequest("r", ctx, len(ctx), 6)])
+    (f,) = filled.propose([DraftRequest("r", ctx, len(ctx), 6)])
+    assert d.tokens == [8, 9]  # the match [3, 7] has a budget of 2 tokens
+    assert f.tokens == [8, 9, 10, 11, 12, 13] and f.confidence == [1.0] * 6
+    # A copy of the request's own text, past where its path probability falls under copy_min_prob (0.05).
+    loop = [5, 6, 7, 8, 9, 5, 6]
+    copies = {fill: create_proposer("suffix_tree", {"fill": fill}) for fill in (False, True)}
+    got = {fill: c.propose([DraftRequest("r", loop, len(loop), 12)])[0] for fill, c in copies.items()}
+    assert copies[True].draft_kind("r") == "copy"
+    short, full = got[False].tokens, got[True].tokens
+    assert len(short) < 12 and len(full) == min(12, len(loop)) and full[: len(short)] == short
+    assert full == [7, 8, 9, 5, 6, 7, 8][: len(full)]
+    conf = got[True].confidence
+    assert all(0.0 <= c <= 1.0 for c in conf) and conf[: len(short)] == got[False].confidence
+    # auto: off until the adapter says the runner verifies every slot (vLLM 0.34's Model Runner V2), then on.
+    auto = create_proposer("suffix_tree", {})
+    assert not auto.fills
+    auto.runner_verifies_all(True)
+    assert auto.fills
+    auto.runner_verifies_all(False)
+    assert not auto.fills
+    off = create_proposer("suffix_tree", {"fill": False})
+    off.runner_verifies_all(True)
+    assert not off.fills

@@ -234,6 +234,11 @@ class PyCache {
     ahead_min_tokens_ = size_t(min_tokens);
   }
   bool ahead() const { return ahead_; }
+  void set_fill(bool on) {
+    quiet();
+    cache_.set_fill(on);
+  }
+  bool fills() const { return cache_.options().fill; }
   size_t ahead_tokens(const std::vector<Draft>& drafts) const {
     size_t total = 0;
     for (const Draft& d : drafts) total += d.leading_at_least(ahead_min_prob_);
@@ -398,6 +403,10 @@ PYBIND11_MODULE(_core, m) {
            "thread of their own until the next call, when the step has at least min_tokens of them; the next "
            "step keeps those its new tokens agree with (the proposer's options ahead_min_prob, ahead_min_tokens).")
       .def_property_readonly("appends_ahead", &PyCache::ahead, "Whether batched steps append drafts ahead.")
+      .def("set_fill", &PyCache::set_fill, py::arg("on"),
+           "Draft all max_tokens tokens: past where the confidence ends the chosen path (or copy) goes on, its "
+           "path probabilities falling (the proposer's option fill).")
+      .def_property_readonly("fills", &PyCache::fills, "Whether drafts are filled to max_tokens.")
       .def("wait_ahead", &PyCache::quiet, "Wait for the last step's tentative appends.")
       .def("pending", &PyCache::pending, py::arg("key"), "Tentative tokens of the request not settled yet.")
       .def("_cache", &PyCache::cache_capsule, "The C++ cache, for the test-only module (_testing).")

@@ -33,6 +33,9 @@ struct CacheOptions {
   i32 max_depth = 24;  // with copy drafts, deeper trees cost more and draft no better
   long long max_cached = 10000;  // 0 disables the global tree
   bool cache_active = false;     // also insert in-flight responses into the global tree
+  // Draft all max_tokens tokens: past where the confidence ends, the chosen path or copy goes on (a runner
+  // that verifies every slot, vLLM's Model Runner V2, would pad them with the last token otherwise).
+  bool fill = false;
   SpecParams spec;
   CopyParams copy;
 };
@@ -52,6 +55,7 @@ class Cache {
   explicit Cache(const CacheOptions& o) : o_(o), global_(o.max_depth) {}
 
   const CacheOptions& options() const { return o_; }
+  void set_fill(bool on) { o_.fill = on; }
 
   void start(long long key, const std::vector<i32>& prompt) {
     if (reqs_.count(key)) throw std::invalid_argument("request is already started");
@@ -94,13 +98,17 @@ class Cache {
     best.probs.clear();
     best.score = 0.0;
     best.match_len = 0;
+    best.tree = nullptr;
     best.tokens.reserve(max_tokens);  // one allocation per draft, not one per doubling
     best.probs.reserve(max_tokens);
     r.copied = false;
     r.local->speculate_self(r.seq, max_tokens, o_.spec, best);
     const Seq& S = r.local->seq(r.seq);
     global_.speculate(S.tok.data(), i32(S.tok.size()), max_tokens, o_.spec, best, r.gseq);  // local wins ties
-    if (!o_.copy.on) return;
+    if (!o_.copy.on) {
+      if (o_.fill && best.tree != nullptr) best.tree->continue_path(best, max_tokens);
+      return;
+    }
     // Counts overrate short matches (after one matching token a count ratio of 0.5 is right about
     // 0.2 of the time), so the count draft's expected accepted tokens are discounted by the same
     // match-length reliability h as copies before the two compete; the copy wins ties.
@@ -119,6 +127,13 @@ class Cache {
                                  ? o_.copy.disagree_factor
                                  : 1.0;
     if (r.copied) {
+      if (o_.fill && i32(copy.tokens.size()) < max_tokens) {  // the same copy, past copy_min_prob
+        CopyParams no_floor = o_.copy;
+        no_floor.min_prob = 0.0;
+        const double score = copy.score;
+        r.copier.draft(S, max_tokens, no_floor, copy);
+        copy.score = score;
+      }
       if (agreement != 1.0)
         for (double& p : copy.probs) p *= agreement;
       std::swap(best.tokens, copy.tokens);
@@ -127,6 +142,7 @@ class Cache {
       best.match_len = copy.match_len;
       return;
     }
+    if (o_.fill && best.tree != nullptr) best.tree->continue_path(best, max_tokens);
     // The count draft's probabilities get the same reliability: a count ratio says which continuation is
     // most frequent, not how often a match of this length continues at all (raw ratios predicted 0.71-0.77
     // at the first token where 0.27-0.29 were accepted, on every replay workload). Token k's conditional

@@ -99,6 +99,12 @@ class SuffixTreeProposer:
             default=0.7, ge=0.0, le=1.0, description="where the copy and the count draft start with different "
             "tokens, the chosen draft's path probabilities times this (the same tokens; 1: off)"
         )
+        # Drafts shaped by the runner: vLLM 0.34's Model Runner V2 verifies every one of its K slots, and pads a
+        # short draft with the last token; the tree's own path continued is a better guess than that padding.
+        fill: bool | Literal["auto"] = pydantic.Field(
+            default="auto", description="draft all max_draft tokens: past where the confidence ends, the chosen "
+            "path (or copy) goes on with falling confidences. auto: on where the engine adapter says its runner "
+            "verifies every slot (vLLM 0.34's Model Runner V2), off where only drafted tokens are verified")
         # Batched drafting on this host: the drafts are the same whatever these are.
         threads: int = pydantic.Field(
             default=-1, ge=-1, le=256, description="worker threads for a batched step (-1: one per extra core, <= 7)"
@@ -150,6 +156,7 @@ class SuffixTreeProposer:
             copy_disagree_factor=o.copy_disagree_factor,
         )
         self._core.set_parallel(o.threads, o.parallel_from, o.interleave)
+        self._core.set_fill(o.fill is True)
         try:
             self._core.set_ahead(o.append_ahead is True, o.ahead_min_prob, o.ahead_min_tokens)
         except ValueError as exc:
@@ -197,6 +204,16 @@ class SuffixTreeProposer:
         o = self.options
         if o.append_ahead == "auto" and not o.cache_in_flight:
             self._core.set_ahead(on_accelerator, o.ahead_min_prob, o.ahead_min_tokens)
+
+    def runner_verifies_all(self, verifies_all: bool) -> None:
+        """`fill: auto` follows the runner: on where every draft slot is verified (core.ShapesDraftsForRunner)."""
+        if self.options.fill == "auto":
+            self._core.set_fill(verifies_all)
+
+    @property
+    def fills(self) -> bool:
+        """Whether drafts are filled to max_draft now (`fill`, "auto" resolved)."""
+        return self._core.fills
 
     @property
     def appends_ahead(self) -> bool:

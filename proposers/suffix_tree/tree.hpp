@@ -87,11 +87,18 @@ struct SpecParams {
   double min_prob = 0.1;  // stop before a token whose path probability is below this
 };
 
+class Tree;
+
 struct Draft {
   std::vector<i32> tokens;
   std::vector<double> probs;
   double score = 0.0;  // sum of probs: expected accepted tokens under the count model
   i32 match_len = 0;   // 0 when the draft is empty
+  // Where a count draft's path stopped, so that Tree::continue_path can follow it further: the tree it
+  // followed (nullptr for other drafts), the node and depth reached, and the path probability there.
+  Tree* tree = nullptr;
+  i32 end_node = kNone, end_depth = 0;
+  double end_prob = 0.0;
 
   // How many leading tokens have a path probability >= p (path probabilities never increase).
   size_t leading_at_least(double p) const {
@@ -625,6 +632,10 @@ class Tree {
         std::swap(best.probs, scratch.probs);
         best.score = scratch.score;
         best.match_len = L;
+        best.tree = this;
+        best.end_node = scratch.end_node;
+        best.end_depth = scratch.end_depth;
+        best.end_prob = scratch.end_prob;
       }
     }
   }
@@ -634,6 +645,7 @@ class Tree {
   bool follow(i32 v, i32 d, i32 room, double min_prob, double floor, Draft& out) {
     out.tokens.clear();
     out.probs.clear();
+    out.end_node = kNone;
     double p = 1.0, s = 0.0;
     i32 dv = depth_of(v);
     const i32* sv = str(v);
@@ -653,10 +665,40 @@ class Tree {
       out.probs.push_back(p);
       s += p;
       ++d;
+      out.end_node = v;
+      out.end_depth = d;
     }
     out.score = s;
+    out.end_prob = out.probs.empty() ? 0.0 : out.probs.back();
     return true;
   }
+
+ public:
+  // Continues count draft `out` (drafted by this tree: out.tree == this) along the same most frequent path
+  // with no probability floor and no budget, up to max_tokens tokens or the tree's depth: for a runner
+  // that verifies every draft slot anyway (the rest would be padding). Path probabilities go on falling.
+  void continue_path(Draft& out, i32 max_tokens) {
+    if (out.tree != this || out.end_node == kNone || out.tokens.empty()) return;
+    i32 v = out.end_node, d = out.end_depth, dv = depth_of(v);
+    const i32* sv = str(v);
+    double p = out.end_prob;
+    const i32 room = std::min(max_tokens, D_ - out.match_len);
+    while (i32(out.tokens.size()) < room) {
+      if (d == dv) {
+        const i32 c = best_child(v);
+        if (c == kNone) break;
+        p *= double(nodes_[c].count) / double(nodes_[v].count);
+        v = c;
+        dv = depth_of(c);
+        sv = str(c);
+      }
+      out.tokens.push_back(sv[d]);
+      out.probs.push_back(p);
+      ++d;
+    }
+  }
+
+ private:
 
   const i32 D_;
   spec_plugins::ArenaVector<Node> nodes_;

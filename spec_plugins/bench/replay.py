@@ -73,7 +73,7 @@ from typing import Any, Callable, Hashable, Iterable, Protocol, Sequence, runtim
 import numpy as np
 
 from spec_plugins.core import (
-    BatchProposer, Draft, DraftBatch, DraftRequest, Proposer, ReportsDraftKind, check_drafts,
+    BatchProposer, Draft, DraftBatch, DraftRequest, Proposer, ReportsDraftKind, ShapesDraftsForRunner, check_drafts,
 )
 from spec_plugins.traces import request_record, trace_document, write_trace
 
@@ -169,8 +169,10 @@ def _factory(name: str) -> Any:
     return proposer_class(base)
 
 
-def make_proposer(name: str, options: dict[str, Any] | None = None) -> Proposer:
-    """A registered proposer or a baseline (`arctic`, `vllm_ngram`) by name or `name@label`."""
+def make_proposer(name: str, options: dict[str, Any] | None = None, verifies_all: bool = False) -> Proposer:
+    """A registered proposer or a baseline (`arctic`, `vllm_ngram`) by name or `name@label`. verifies_all: the
+    replayed runner verifies every slot (`--accounting mrv2`), told to the proposer as an engine adapter tells it
+    (core.ShapesDraftsForRunner: the suffix tree's `fill: auto`)."""
     from spec_plugins.bench.baselines import BASELINES, create_baseline
     from spec_plugins.registry import create_proposer
 
@@ -178,7 +180,10 @@ def make_proposer(name: str, options: dict[str, Any] | None = None) -> Proposer:
     base = base_name(name)
     if base in BASELINES:
         return create_baseline(base, options)
-    return create_proposer(base, options)
+    proposer = create_proposer(base, options)
+    if isinstance(proposer, ShapesDraftsForRunner):
+        proposer.runner_verifies_all(verifies_all)
+    return proposer
 
 
 def effective_options(name: str, options: dict[str, Any] | None) -> dict[str, Any]:
@@ -434,7 +439,7 @@ def run_workload(name: str, file: str, rows: list[Row], proposers: list[str],
                  options: dict[str, dict[str, Any]], max_draft: int,
                  advance: Callable[[], None] = lambda: None, batched: bool = False,
                  concurrency: int = 1, fill: bool = False) -> WorkloadResult:
-    instances = {p: make_proposer(p, options.get(p)) for p in proposers}
+    instances = {p: make_proposer(p, options.get(p), verifies_all=fill) for p in proposers}
     walks: dict[str, list[Walk]] = {p: [] for p in proposers}
     wall = {p: 0.0 for p in proposers}
     if concurrency > 1:  # each proposer replays the whole workload in turn, its requests interleaved
@@ -454,7 +459,7 @@ def run_workload(name: str, file: str, rows: list[Row], proposers: list[str],
     updates: dict[str, tuple[int, int] | None] = {}
     for p, inst in instances.items():
         if has_update_path(inst):
-            updates[p] = update_ns(make_proposer(p, options.get(p)), rows, walks[p])
+            updates[p] = update_ns(make_proposer(p, options.get(p), verifies_all=fill), rows, walks[p])
         else:
             updates[p] = None
         advance()
@@ -547,8 +552,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=1,
                     help="requests in flight at once, interleaved step by step as an engine batches them (default 1)")
     ap.add_argument("--accounting", choices=("drafted", "mrv2"), default="drafted",
-                    help="drafted: only drafted tokens are verified (vLLM's V1 runner, TensorRT-LLM); mrv2: every "
-                         "draft is padded to K with the last token and all K verified (vLLM 0.34's Model Runner V2)")
+                    help="drafted: only drafted tokens are verified (vLLM's V1 runner); mrv2: every draft is padded "
+                         "to K with the last token and all K verified (vLLM 0.34's Model Runner V2), and proposers "
+                         "that shape their drafts for the runner are told so (the suffix tree's fill: auto)")
     args = ap.parse_args(argv)
 
     from rich.console import Console

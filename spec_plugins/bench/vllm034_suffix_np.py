@@ -199,6 +199,7 @@ class Vllm034SuffixReplay:
         self.prompt_len: dict[Hashable, int] = {}
         self.last: dict[Hashable, tuple[int, int, int]] = {}
         self.tokens: dict[Hashable, np.ndarray] = {}
+        self.drafted_from: dict[Hashable, tuple[str, int]] = {}  # the last draft's source and match length
 
     def _observe(self, req_id: Hashable, num_sampled: int) -> None:
         """Fold the target's verdict on the request's last draft into the statistics (`_suffix_observe_kernel`)."""
@@ -239,6 +240,7 @@ class Vllm034SuffixReplay:
                 g_len, g_draft = self.corpus.draft(seq, k)
                 if g_len > l_len:
                     draft, match_len, source = g_draft, g_len, 1
+            self.drafted_from[r.req_id] = (("local", "corpus")[source], match_len) if draft else ("", 0)
             conf = None
             if o.adaptive_verification:
                 bucket = source * NUM_LEN_BUCKETS + len_bucket(max(match_len, 1))
@@ -250,8 +252,17 @@ class Vllm034SuffixReplay:
             out.append(Draft(draft, confidence=conf))
         return out
 
+    def draft_kind(self, req_id: Hashable) -> str:
+        """Where the request's last draft came from: "local" (its own history) or "corpus" (core.ReportsDraftKind)."""
+        return self.drafted_from.get(req_id, ("", 0))[0]
+
+    def match_len(self, req_id: Hashable) -> int:
+        """The matched suffix length behind the request's last draft (0: no draft)."""
+        return self.drafted_from.get(req_id, ("", 0))[1]
+
     def finish(self, req_id: Hashable) -> None:
         """Add the finished response to the corpus (`on_requests_finished`)."""
+        self.drafted_from.pop(req_id, None)
         seq = self.tokens.pop(req_id, None)
         if seq is None:
             return

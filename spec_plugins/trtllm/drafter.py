@@ -249,6 +249,9 @@ class DrafterLogic:
                                        stale_steps=self.stale_steps, on_finish=self._forget,
                                        clock=time.perf_counter)
         self._drafting.engine_on_accelerator(True)  # TensorRT-LLM's forward always runs on the GPU
+        # The engine pads every draft with token 0 to the static maximum and verifies the pads: a filled draft's
+        # guesses cost nothing more and beat token 0.
+        self._drafting.runner_verifies_all(True)
         if self._model is not None:
             self._drafting.bind_model(*self._model)
 

@@ -87,6 +87,7 @@ class SpecPluginsProposer(RequestIdAware):
         # vLLM's DeviceConfig.device_type ("cuda", "cpu", ...): work a proposer leaves running between steps is
         # free beside an accelerator's forward, and competes with the forward on a CPU engine.
         self.drafting.engine_on_accelerator(engine_device(vllm_config) != "cpu")
+        self.drafting.runner_verifies_all(False)  # the V1 runner verifies each request's drafted tokens only
         # Request ids per batch row, set by the plugin's runner wrapper before each propose(). Without
         # them a row stands for its request; rows are reused and reordered between steps, which only
         # blurs per-request state (our proposers see the whole context every step).

@@ -143,6 +143,7 @@ class SpecPluginsSpeculator(BaseSpeculator):
                                  on_finish=self._trace.finish if self._trace else None,
                                  clock=time.perf_counter if tp == 1 else None)
         drafting.engine_on_accelerator(engine_device(self.vllm_config) != "cpu")
+        drafting.runner_verifies_all(True)  # Model Runner V2 verifies all K slots, padding included
         if self.stream_order is not None and isinstance(policy, ResolvesCost):
             policy.resolve_cost()  # reading the GPU's name is a CUDA call: not allowed later, in stream order
         if self._trace is not None:
