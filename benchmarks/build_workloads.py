@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/build_workloads.py                      # all three
     .venv/bin/python benchmarks/build_workloads.py --only code_edits    # no engine, ~1 min
+    .venv/bin/python benchmarks/build_workloads.py --only agentic_edits # no engine, git mirrors
 
 Workloads:
 
@@ -17,10 +18,16 @@ Workloads:
 * ``e2e_mix.jsonl`` -- the prompts `policy_e2e` sends with its shipped workloads (code completion, code
   edits and Spec-Bench first turns, interleaved, in its order) with SmolLM2's greedy answers at its 128
   tokens: the text the end-to-end engines actually verify, for replays and the policy simulator.
+* ``agentic_edits.jsonl`` -- multi-turn sessions of a tool-calling coding agent replayed from real git
+  histories (six small permissively licensed projects, read from bare mirrors under ``--mirrors``): on one
+  source file, consecutive first-parent commits become a session of 2-4 tasks (commit subjects), each
+  answered by read_file / write_file or apply_patch / read_file tool calls, closed by finish. One row per
+  assistant turn; its prompt is the whole conversation before it, already rendered with SmolLM2's chat
+  template (``"chat": false``), so later turns repeat the earlier ones -- the prefix reuse agents produce.
 
 Every row records where it came from (``source``); the model rows also record the engine settings.
-The selection is deterministic; model outputs are greedy, so a rebuild differs only if vLLM's
-numerics change. Rows with ``"chat": true`` are sent through the tokenizer's chat template.
+The selection is deterministic (agentic_edits reads pinned commits); model outputs are greedy, so a rebuild
+differs only if vLLM's numerics change. Rows with ``"chat": true`` are sent through the tokenizer's chat template.
 """
 
 from __future__ import annotations
@@ -31,10 +38,12 @@ import difflib
 import importlib
 import inspect
 import json
+import re
 import subprocess
 import sys
 import tempfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,6 +92,30 @@ COMPLETION_MODULES = [
 ]
 COMPLETIONS_PER_MODULE = 2
 COMPLETIONS_TOTAL = 40
+
+# Agentic edit sessions: repositories (owner/name, the default branch's tip they are read at, the licence
+# their licence file(s) must show there and at every commit used), read from bare mirrors
+# <mirrors>/<owner>+<name>/repo. structlog was Apache-2.0 alone until it was relicensed on 2014-11-06.
+MIRRORS = Path("/work/.mirror")
+AGENTIC_REPOS = [
+    ("tkem/cachetools", "28d4506f2a49d781ffbcecb095fa7aba5bb80aff", ("MIT",)),
+    ("jd/tenacity", "c650fb45204635f07910948d5fc59a8c551ffdda", ("Apache-2.0",)),
+    ("more-itertools/more-itertools", "2fe1b2eeb9d75f994113fe3ac76d14b6bcd6fb10", ("MIT",)),
+    ("python-humanize/humanize", "c3a124cdeb272d7f63bc0aa66f79c6fbafd2fc6d", ("MIT",)),
+    ("hynek/structlog", "025edaf799c6d6d511ab672d14c2ba8e885c4c36", ("MIT OR Apache-2.0", "Apache-2.0")),
+    ("pallets/itsdangerous", "672971d66a2ef9f85151e53283113f33d642dabd", ("BSD-3-Clause",)),
+]
+AGENTIC_FILE_TOKENS = (150, 1500)  # the file before and after each commit
+AGENTIC_SIMILARITY = (0.5, 0.995)  # difflib ratio of old vs new lines: a real edit, not a rewrite or a touch
+AGENTIC_WRITE_MAX_TOKENS = 1000  # new file up to this: write_file (whole content); longer: apply_patch
+AGENTIC_EDITS_PER_SESSION = (2, 4)
+AGENTIC_SESSION_TOKENS = 7000  # whole rendered conversation, finish included: SmolLM2's 8192 less 128 generated
+AGENTIC_SESSIONS_PER_REPO, AGENTIC_SESSIONS_TOTAL = 5, 30  # a repo short of 5 leaves its share to the others
+# Paths that are not the project's source: tests, docs, packaging scripts.
+AGENTIC_NOT_SOURCE = re.compile(
+    r"(^|/)(tests?|testing|docs?|benchmarks?|examples?)/|(^|/)(test_[^/]*|[^/]*_tests?|conftest)\.py$"
+    r"|^(setup|noxfile|fabfile|tasks)\.py$"
+)
 
 
 def _tokenizer():
@@ -230,6 +263,355 @@ def build_code_edits(work: Path) -> list[dict]:
     return picked
 
 
+# ---- agentic edit sessions (git histories) ------------------------------------------------------
+
+AGENT_TOOLS = [
+    {"name": "read_file",
+     "description": "Return the current content of a file in the repository as raw text, exactly as stored on disk.",
+     "parameters": {"type": "object",
+                    "properties": {"path": {"type": "string", "description": "Path relative to the repository root."}},
+                    "required": ["path"]}},
+    {"name": "write_file",
+     "description": "Replace the whole content of an existing file. Use it for short files (about 1000 tokens or "
+                    "fewer); the content must be the complete new file, not an excerpt.",
+     "parameters": {"type": "object",
+                    "properties": {"path": {"type": "string", "description": "Path relative to the repository root."},
+                                   "content": {"type": "string", "description": "The complete new file content."}},
+                    "required": ["path", "content"]}},
+    {"name": "apply_patch",
+     "description": "Apply a unified diff to one file. Use it for longer files. The patch starts with '--- a/<path>' "
+                    "and '+++ b/<path>' headers, followed by hunks with 3 lines of context; it must apply to the "
+                    "current content without fuzz.",
+     "parameters": {"type": "object",
+                    "properties": {"path": {"type": "string", "description": "Path relative to the repository root."},
+                                   "patch": {"type": "string", "description": "The unified diff."}},
+                    "required": ["path", "patch"]}},
+    {"name": "finish",
+     "description": "End the session once every task is done. Nothing can be changed after this call.",
+     "parameters": {"type": "object",
+                    "properties": {"summary": {"type": "string",
+                                               "description": "What was changed, in a few sentences."}},
+                    "required": ["summary"]}},
+]
+AGENT_SYSTEM_PROMPT = (  # ~890 SmolLM2 tokens, the same in every session
+    "You are CodeAgent, an autonomous software engineer working in a checkout of an open-source Python "
+    "project. A maintainer gives you tasks one at a time. Each task names the repository, the file to "
+    "change and what to do; the tasks of one session all concern the same file. You work only by calling "
+    "tools: you never answer in prose.\n\n"
+    "Rules:\n"
+    "1. Every reply is exactly one tool call, written as one JSON object of the form "
+    '{"tool": "<name>", "arguments": {...}} with nothing before or after it: no Markdown fences, no '
+    "comments, no second call. Strings inside it are JSON strings, so newlines in file content are written "
+    'as \\n, double quotes as \\" and backslashes as \\\\.\n'
+    "2. Read before you write. Call read_file on the file before you change it, unless its current content "
+    "is already in this conversation and nothing has changed it since.\n"
+    "3. Make the smallest change that completes the task. Keep the file's style: indentation, quoting, "
+    "import order, line length, docstring format and type hints. Do not reformat code you are not "
+    "changing, do not rename anything the task does not mention, and do not add comments that only "
+    "describe your edit.\n"
+    "4. Choose the edit tool by the size of the file. If the new file is short (about 1000 tokens or "
+    "fewer), call write_file with its complete new content. Otherwise call apply_patch with a unified diff "
+    "of the current content: '--- a/<path>' and '+++ b/<path>' headers, hunks with 3 lines of unchanged "
+    "context, and line numbers that match the file as you last read it.\n"
+    "5. Change only the file named in the task. Tests, documentation and changelog entries are updated by "
+    "someone else, so do not touch them even if the task mentions them.\n"
+    "6. After every edit, call read_file on the file again to check that it holds exactly what you "
+    "intended. If a tool reports an error, read the file again and redo the edit.\n"
+    "7. When the maintainer has no further task, call finish with a short summary of what you changed, "
+    "task by task.\n\n"
+    "Tools (JSON Schema of each tool's arguments):\n"
+    + "\n".join(json.dumps(t, ensure_ascii=False) for t in AGENT_TOOLS)
+    + "\n\nExample call: "
+    + json.dumps({"tool": "read_file", "arguments": {"path": "src/package/module.py"}})
+)
+
+
+@dataclass
+class _Edit:
+    """One qualifying commit: `path` went from `old` (at the first parent) to `new`."""
+
+    sha: str
+    parent: str
+    index: int  # position on the first-parent line, oldest first
+    time: int  # committer time
+    task: str
+    path: str
+    old: str
+    new: str
+    similarity: float
+    new_tokens: int
+
+
+def _chat_tokenizer():
+    from transformers import AutoTokenizer
+
+    from spec_plugins.models import smollm2_path
+
+    return AutoTokenizer.from_pretrained(str(smollm2_path(progress=False)))
+
+
+def _git(repo_dir: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo_dir), *args], check=True, capture_output=True).stdout.decode("utf-8")
+
+
+def _mirror(mirrors: Path, repo: str, head: str) -> Path:
+    """The bare git directory of `repo` under `mirrors` (<owner>+<name>/repo), which must hold commit `head`."""
+    repo_dir = mirrors / repo.replace("/", "+") / "repo"
+    if (repo_dir / ".git").is_dir():  # a clone with a work tree
+        repo_dir = repo_dir / ".git"
+    if not (repo_dir / "HEAD").is_file() or not (repo_dir / "objects").is_dir():
+        raise FileNotFoundError(f"agentic_edits: no git mirror of {repo} at {repo_dir} (--mirrors names the folder "
+                                f"holding <owner>+<name>/repo; now {mirrors})")
+    check = subprocess.run(["git", "-C", str(repo_dir), "cat-file", "-e", f"{head}^{{commit}}"], capture_output=True)
+    if check.returncode != 0:
+        raise LookupError(f"agentic_edits: the mirror of {repo} at {repo_dir} lacks commit {head} (an older snapshot?)")
+    return repo_dir
+
+
+def _licence(repo_dir: Path, commit: str) -> tuple[str, list[str]]:
+    """SPDX expression of the licence file(s) in the top folder at `commit`, and their names.
+
+    Several licences (structlog's MIT and Apache-2.0 files) are a choice, hence "OR"; a file that only points at
+    the others adds nothing. AGENTIC_REPOS says which expressions each repository may show."""
+    names = [n for n in _git(repo_dir, "ls-tree", "--name-only", commit).splitlines()
+             if re.match(r"(LICEN[CS]E|COPYING)", n, re.IGNORECASE)]
+    found = set()
+    for name in names:
+        text = _git(repo_dir, "show", f"{commit}:{name}")
+        if "TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND DISTRIBUTION" in text and "Version 2.0" in text:
+            found.add("Apache-2.0")
+        elif "Permission is hereby granted, free of charge" in text:
+            found.add("MIT")
+        elif "Redistribution and use in source and binary forms" in text:
+            three = re.search(r"names? of (its|the) contributors|Neither the name", text, re.IGNORECASE)
+            found.add("BSD-3-Clause" if three else "BSD-2-Clause")
+    if not found:
+        raise LookupError(f"agentic_edits: no licence recognised in {names or 'any file'} at {commit} of {repo_dir}")
+    return " OR ".join(sorted(found, key=lambda k: (k != "MIT", k))), names
+
+
+def _task(repo_dir: Path, sha: str, parents: list[str]) -> str:
+    """The commit's subject; for a pull-request or branch merge, its first body line (GitHub puts the PR title
+    there) or else the subject of the merged branch's first commit."""
+    subject, _, body = _git(repo_dir, "log", "-1", "--format=%B", sha).strip().partition("\n")
+    if len(parents) > 1 and re.match(r"Merge (pull request|branch|remote-tracking branch)", subject):
+        lines = [ln.strip() for ln in body.splitlines() if ln.strip() and not re.match(r"[\w-]+-by:", ln.strip())]
+        if lines:
+            return lines[0]
+        branch = _git(repo_dir, "log", "--no-merges", "--reverse", "--format=%s", f"{parents[0]}..{parents[1]}")
+        if branch.strip():
+            return branch.splitlines()[0].strip()
+    return subject.strip()
+
+
+def _agentic_runs(tok, repo: str, repo_dir: Path, head: str) -> list[list[_Edit]]:
+    """Runs of qualifying commits on one file, in first-parent order: each run is every change to its file
+    between two non-qualifying ones, so each edit starts from the file the previous one left."""
+    lo, hi = AGENTIC_FILE_TOKENS
+    history = [ln.split() for ln in _git(repo_dir, "rev-list", "--first-parent", "--reverse", "--parents",
+                                         "--timestamp", head).splitlines()]
+    changes: dict[str, list[_Edit | None]] = {}  # source path -> each first-parent commit that changed it
+    skipped: dict[str, int] = {}
+    for index, (when, sha, *parents) in enumerate(history):
+        if not parents:  # the root commit
+            continue
+        status = [ln.split("\t") for ln in _git(repo_dir, "diff-tree", "-r", "--no-renames", "--name-status",
+                                                 parents[0], sha).splitlines()]
+        source = [(st, path) for st, path in status if path.endswith(".py") and not AGENTIC_NOT_SOURCE.search(path)]
+        for _, path in source:
+            changes.setdefault(path, []).append(None)
+        if not source:
+            continue
+        why = None
+        if len(source) > 1:
+            why = "several source files"
+        elif source[0][0] != "M":
+            why = "file added or deleted"
+        else:
+            path = source[0][1]
+            try:
+                old = _git(repo_dir, "show", f"{parents[0]}:{path}")
+                new = _git(repo_dir, "show", f"{sha}:{path}")
+            except UnicodeDecodeError:
+                old = new = None
+                why = "not UTF-8"
+            if why is None:
+                old_lines, new_lines = old.splitlines(), new.splitlines()
+                sim = difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False).ratio()
+                n_old, n_new = _ntok(tok, old), _ntok(tok, new)
+                changed = [ln for ln in difflib.unified_diff(old_lines, new_lines, n=0, lineterm="")
+                           if ln[:1] in "+-" and not ln.startswith(("+++", "---"))]
+                if not (lo <= n_old <= hi and lo <= n_new <= hi):
+                    why = "file size"
+                elif not AGENTIC_SIMILARITY[0] <= sim <= AGENTIC_SIMILARITY[1]:
+                    why = "similarity"
+                elif all("version" in ln.lower() for ln in changed):
+                    why = "version bump only"
+                else:
+                    changes[path][-1] = _Edit(sha, parents[0], index, int(when), _task(repo_dir, sha, parents), path,
+                                              old, new, round(sim, 3), n_new)
+        if why:
+            skipped[why] = skipped.get(why, 0) + 1
+    runs: list[list[_Edit]] = []
+    for seq in changes.values():
+        run: list[_Edit] = []
+        for e in [*seq, None]:
+            if e is not None:
+                run.append(e)
+            else:
+                if run:
+                    runs.append(run)
+                run = []
+    runs.sort(key=lambda r: r[0].index)
+    qualified = sum(map(len, runs))
+    print(f"  {repo}: {len(history)} first-parent commits, {qualified} single-file source edits qualify "
+          f"(skipped: {', '.join(f'{v} {k}' for k, v in sorted(skipped.items()))})", file=sys.stderr)
+    return runs
+
+
+def _unified_diff(path: str, old: str, new: str) -> str:
+    out = []
+    for line in difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
+                                     f"a/{path}", f"b/{path}", n=3):
+        out.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
+    return "".join(out)
+
+
+def _session_messages(repo: str, edits: list[_Edit], tool_role: bool) -> tuple[list[dict], list[dict]]:
+    """The conversation of one session and, for each assistant turn, what it is (turn, edit_form, commit)."""
+    path = edits[0].path
+    messages: list[dict] = [{"role": "system", "content": AGENT_SYSTEM_PROMPT}]
+    turns: list[dict] = []
+
+    def call(tool: str, meta: dict, **arguments) -> None:
+        turns.append({**meta, "message": len(messages)})
+        messages.append({"role": "assistant", "content": json.dumps({"tool": tool, "arguments": arguments},
+                                                                      ensure_ascii=False)})
+
+    def result(tool: str, text: str) -> None:
+        messages.append({"role": "tool", "content": text} if tool_role
+                        else {"role": "user", "content": f"Tool result ({tool}):\n{text}"})
+
+    for k, e in enumerate(edits):
+        messages.append({"role": "user", "content": f"Repository {repo}, file {path}. Task: {e.task}"})
+        if k == 0:
+            call("read_file", {"turn": "read", "edit_form": None, "commit": e.sha, "parent": e.parent}, path=path)
+            result("read_file", e.old)
+        form = "write_file" if e.new_tokens <= AGENTIC_WRITE_MAX_TOKENS else "apply_patch"
+        meta = {"turn": "edit", "edit_form": form, "commit": e.sha, "parent": e.parent, "similarity": e.similarity}
+        if form == "write_file":
+            call("write_file", meta, path=path, content=e.new)
+            result("write_file", json.dumps({"status": "ok", "path": path, "bytes_written": len(e.new.encode())}))
+        else:
+            patch = _unified_diff(path, e.old, e.new)
+            call("apply_patch", meta, path=path, patch=patch)
+            hunks = sum(1 for ln in patch.splitlines() if ln.startswith("@@ "))
+            result("apply_patch", json.dumps({"status": "ok", "path": path, "hunks_applied": hunks}))
+        call("read_file", {"turn": "reread", "edit_form": None, "commit": e.sha, "parent": e.parent}, path=path)
+        result("read_file", e.new)
+    done = " ".join(f"{k + 1}) {e.task.rstrip('.')}." for k, e in enumerate(edits))
+    call("finish", {"turn": "finish", "edit_form": None, "commit": None, "parent": None},
+         summary=f"Made {len(edits)} changes to {path}, each checked by reading the file back. {done}")
+    return messages, turns
+
+
+def _agentic_sessions(tok, chat, repo: str, runs: list[list[_Edit]], tool_role: bool) -> list[list[_Edit]]:
+    """Split runs into sessions of 2-4 edits (balanced: 5 -> 3 + 2) whose conversation fits
+    AGENTIC_SESSION_TOKENS; an edit that fits no session with a neighbour is dropped."""
+    lo, hi = AGENTIC_EDITS_PER_SESSION
+
+    def fits(edits: list[_Edit]) -> bool:
+        text = chat.apply_chat_template(_session_messages(repo, edits, tool_role)[0], tokenize=False)
+        return _ntok(tok, text) <= AGENTIC_SESSION_TOKENS
+
+    sessions = []
+    for run in runs:
+        i = 0
+        while len(run) - i >= lo:
+            left = len(run) - i
+            n = left if left <= hi else -(-left // -(-left // hi))
+            while n >= lo and not fits(run[i:i + n]):
+                n -= 1
+            if n < lo:
+                i += 1
+                continue
+            sessions.append(run[i:i + n])
+            i += n
+    return sessions
+
+
+def _spread(sessions: list[list[_Edit]], k: int, t0: int, t1: int) -> list[list[_Edit]]:
+    """`k` of `sessions` (in history order) spread over [t0, t1]: the nearest to each of k evenly spaced times."""
+    picked: set[int] = set()
+    for j in range(min(k, len(sessions))):
+        target = t0 + (j + 0.5) * (t1 - t0) / k
+        picked.add(min((i for i in range(len(sessions)) if i not in picked),
+                       key=lambda i: (abs(sessions[i][0].time - target), i)))
+    return [sessions[i] for i in sorted(picked)]
+
+
+def build_agentic_edits(mirrors: Path) -> list[dict]:
+    dirs = {repo: _mirror(mirrors, repo, head) for repo, head, _ in AGENTIC_REPOS}  # a missing one fails first
+    tok, chat = _tokenizer(), _chat_tokenizer()
+    probe = chat.apply_chat_template([{"role": "user", "content": "u"}, {"role": "tool", "content": "PROBE"}],
+                                     tokenize=False)
+    tool_role = "PROBE" in probe  # SmolLM2's ChatML template renders any role; else tool results go as user turns
+    candidates, spans = {}, {}
+    for repo, head, _ in AGENTIC_REPOS:
+        runs = _agentic_runs(tok, repo, dirs[repo], head)
+        candidates[repo] = _agentic_sessions(tok, chat, repo, runs, tool_role)
+        times = _git(dirs[repo], "log", "--first-parent", "--format=%ct", head).split()
+        spans[repo] = (int(times[-1]), int(times[0]))
+        lone = sum(len(r) == 1 for r in runs)
+        cut = sum(len(r) for r in runs if len(r) > 1) - sum(map(len, candidates[repo]))
+        print(f"  {repo}: {len(candidates[repo])} candidate sessions from {len(runs) - lone} runs of 2+ edits on one "
+              f"file ({lone} lone edits, {cut} edits past the {AGENTIC_SESSION_TOKENS}-token limit left out)",
+              file=sys.stderr)
+    quota = {repo: min(AGENTIC_SESSIONS_PER_REPO, len(c)) for repo, c in candidates.items()}
+    while sum(quota.values()) < AGENTIC_SESSIONS_TOTAL and any(quota[r] < len(candidates[r]) for r in quota):
+        for repo in quota:  # a repository short of its share leaves it to the others, in turn
+            if quota[repo] < len(candidates[repo]) and sum(quota.values()) < AGENTIC_SESSIONS_TOTAL:
+                quota[repo] += 1
+    rows: list[dict] = []
+    for repo, head, allowed in AGENTIC_REPOS:
+        licences: dict[str, tuple[str, list[str]]] = {}
+        chosen = _spread(candidates[repo], quota[repo], *spans[repo])
+        n_rows = len(rows)
+        for s, edits in enumerate(chosen):
+            for e in edits:
+                licences[e.sha] = _licence(dirs[repo], e.sha)
+                if licences[e.sha][0] not in allowed:
+                    raise LookupError(f"agentic_edits: {repo} at {e.sha} shows licence {licences[e.sha][0]}, "
+                                      f"expected {' or '.join(allowed)}")
+            messages, turns = _session_messages(repo, edits, tool_role)
+            for t, turn in enumerate(turns):
+                m = turn.pop("message")
+                prompt = chat.apply_chat_template(messages[:m], tokenize=False, add_generation_prompt=True)
+                ids = chat.apply_chat_template(messages[:m], tokenize=True, add_generation_prompt=True)
+                ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+                if chat(prompt)["input_ids"] != ids:  # the replay loader encodes the text: it must give these ids
+                    raise RuntimeError(f"agentic_edits: {repo} session {s} turn {t}: the rendered prompt does not "
+                                       "encode to the chat template's token ids")
+                licence, files = licences[turn["commit"] or edits[-1].sha]
+                rows.append({
+                    "id": f"agentic_edits/{repo}/s{s:02d}/t{t:02d}",
+                    "prompt": prompt,
+                    "response": messages[m]["content"],
+                    "chat": False,
+                    "category": "agentic_edits",
+                    "source": {
+                        "repo": repo, "url": f"https://github.com/{repo}", "licence": licence, "licence_files": files,
+                        "path": edits[0].path, "session": s, **turn,
+                        "session_commits": [e.sha for e in edits], "branch_tip": head,
+                        "tool_results_as": "tool" if tool_role else "user",
+                    },
+                })
+        print(f"  {repo}: {len(chosen)} sessions ({sum(map(len, chosen))} edits), {len(rows) - n_rows} rows",
+              file=sys.stderr)
+    return rows
+
+
+
 # ---- Spec-Bench and code completion (one SmolLM2 engine run) -----------------------------------
 
 
@@ -335,12 +717,15 @@ def generate(rows: list[dict], max_tokens: int = MAX_TOKENS) -> list[dict]:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default="code_edits,spec_bench,code_completion",
-                    help="comma-separated subset of: code_edits, spec_bench, code_completion, e2e_mix (not in the "
-                         "default: it reads the other three)")
+                    help="comma-separated subset of: code_edits, spec_bench, code_completion, e2e_mix, agentic_edits "
+                         "(the last two not in the default: e2e_mix reads the other three, agentic_edits the git "
+                         "mirrors)")
     ap.add_argument("--spec-bench", type=Path, default=SPEC_BENCH, help="Spec-Bench question.jsonl")
+    ap.add_argument("--mirrors", type=Path, default=MIRRORS,
+                    help="folder of bare git mirrors <owner>+<name>/repo for agentic_edits (default: %(default)s)")
     args = ap.parse_args(argv)
     which = {w.strip() for w in args.only.split(",") if w.strip()}
-    unknown = which - {"code_edits", "spec_bench", "code_completion", "e2e_mix"}
+    unknown = which - {"code_edits", "spec_bench", "code_completion", "e2e_mix", "agentic_edits"}
     if unknown:
         ap.error(f"--only: unknown workload(s) {sorted(unknown)}")
     if "code_edits" in which:
@@ -359,6 +744,12 @@ def main(argv: list[str] | None = None) -> None:
                 _write(part, name)
     if "e2e_mix" in which:
         _write(generate(e2e_mix_prompts(args.spec_bench), E2E_MIX_MAX_TOKENS), "e2e_mix.jsonl")
+    if "agentic_edits" in which:
+        try:
+            rows = build_agentic_edits(args.mirrors)
+        except (FileNotFoundError, LookupError) as exc:
+            sys.exit(f"build_workloads.py: {exc}")
+        _write(rows, "agentic_edits.jsonl")
 
 
 if __name__ == "__main__":
