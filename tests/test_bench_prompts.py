@@ -64,3 +64,25 @@ def test_e2e_mix_workload_holds_the_prompts_policy_e2e_sends(tmp_path):
     assert {r["prompt"] for r in rows} & set(completion) and {r["prompt"] for r in rows} & set(edits)
     assert spec_bench(questions)  # all three sets reach the mix
     assert len(rows) >= 44 and all(r["chat"] and r["response"] for r in rows)  # one policy_e2e round: 4 + 8 + 32
+
+
+def test_rendered_prompts_skip_the_chat_template(tmp_path):
+    """A `"chat": false` row (already in the model's chat format, the agentic workload) goes to the engine as it is;
+    the others are wrapped in the chat template, as the replay tokenises them."""
+    from types import SimpleNamespace
+
+    from spec_plugins.bench.prompts import Rendered, workload_prompts
+    from spec_plugins.bench.vllm_run import _prompt_inputs
+
+    path = tmp_path / "w.jsonl"
+    path.write_text(json.dumps({"id": "a", "prompt": "<|im_start|>user\nhi<|im_end|>\n", "chat": False}) + "\n"
+                    + json.dumps({"id": "b", "prompt": "hi", "chat": True}) + "\n")
+    raw, plain = workload_prompts(path)
+    assert isinstance(raw, Rendered) and not isinstance(plain, Rendered)
+
+    class Tok:
+        def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+            return f"[{messages[0]['content']}]"
+
+    llm = SimpleNamespace(get_tokenizer=Tok)
+    assert _prompt_inputs(llm, SimpleNamespace(chat=True), [raw, plain]) == [raw, "[hi]"]

@@ -77,9 +77,15 @@ def interleaved(sets: list[list]) -> list:
     return [p for group in itertools.zip_longest(*sets) for p in group if p is not None]
 
 
+class Rendered(str):
+    """A prompt already in the model's chat format (a workload row with `"chat": false`, e.g. a multi-turn agentic
+    conversation): engine runs send it as it is, where they wrap plain prompts in the chat template."""
+
+
 def workload_prompts(path: str | Path, limit: int | None = None) -> list[str]:
-    """The `prompt` texts of a replay workload (`benchmarks/workloads/*.jsonl`)."""
+    """The `prompt` texts of a replay workload (`benchmarks/workloads/*.jsonl`); rows with `"chat": false` as
+    `Rendered`."""
     rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
     if not rows or "prompt" not in rows[0]:
         raise ValueError(f"--workload: expected JSON lines with a 'prompt' field in {path}")
-    return [r["prompt"] for r in rows[:limit]]
+    return [Rendered(r["prompt"]) if r.get("chat") is False else r["prompt"] for r in rows[:limit]]

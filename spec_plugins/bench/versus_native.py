@@ -57,6 +57,7 @@ from spec_plugins.traces import load_traces
 FORMAT = "spec-plugins-versus-native/2"
 NATIVES = ("arctic", "vllm_ngram")
 WORKLOADS = "code_edits,spec_bench_smollm2,code_completion"
+MRV2_WORKLOADS = WORKLOADS + ",agentic_edits"  # the agentic workload is replayed for vLLM 0.34's methods only
 # What each compared method is called in the tables, by runner set.
 LABELS = {"gpu": {"none": "none (MRV2 async)", "vllm_ngram": "vLLM ngram (MRV2 async)", "arctic": "vLLM suffix (V1)"},
           "v1": {"none": "none (V1)", "vllm_ngram": "vLLM ngram (V1)", "arctic": "vLLM suffix (V1)"}}
@@ -237,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m spec_plugins.bench.versus_native", description=__doc__.split("\n")[0])
     add_cost_arguments(ap)
     ap.add_argument("--traces-dir", type=Path, default=Path("benchmarks/traces"))
-    ap.add_argument("--workloads", default=WORKLOADS)
+    ap.add_argument("--workloads", help=f"comma-separated trace folders (default: {WORKLOADS}; with --runners mrv2 "
+                                         f"{MRV2_WORKLOADS})")
     ap.add_argument("--ours", default="suffix_tree", choices=["suffix_tree", "ngram"])
     ap.add_argument("--batch-sizes", default="1,16,64,256")
     ap.add_argument("--steps", type=int, default=300, help="simulated engine steps per batch size, at least (the "
@@ -251,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
                          "Runner V2 (traces from replay --accounting mrv2)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
+    if args.workloads is None:
+        args.workloads = MRV2_WORKLOADS if args.runners == "mrv2" else WORKLOADS
     err = Console(stderr=True, soft_wrap=True)
     try:
         batch_sizes = [int(x) for x in args.batch_sizes.split(",") if x.strip()]

@@ -14,6 +14,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from spec_plugins.bench.prompts import Rendered
+
 CPU_ENV_DEFAULTS = {
     # Engine core and worker in this process: start-up drops from ~40 s to ~5 s on small CPU hosts.
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
@@ -354,7 +356,7 @@ def _prompt_inputs(llm: Any, spec: EngineRun, raw: list[Any]) -> list[Any]:
     for p in raw:
         if isinstance(p, list):
             prompts.append({"prompt_token_ids": p})
-        elif spec.chat:
+        elif spec.chat and not isinstance(p, Rendered):
             prompts.append(llm.get_tokenizer().apply_chat_template(
                 [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True))
         else:
