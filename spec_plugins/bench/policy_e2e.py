@@ -39,6 +39,7 @@ from spec_plugins.bench.vllm_run import Engine, EngineRun, RunResult, concat, ro
 from spec_plugins.demo import NATIVE_METHODS, native_config
 
 FORMAT = "spec-plugins-policy-e2e/1"
+MIN_ROUNDS = 3  # fewer replicate rounds than this and the runner says the figures rest on too few
 
 
 def configurations(proposer: str, static_k: list[int], adaptive_k: int, policy_options: dict | list[dict],
@@ -76,6 +77,15 @@ def configurations(proposer: str, static_k: list[int], adaptive_k: int, policy_o
         for k in native_k:
             out[f"vllm:{native} K={k}"] = (native_config(native, k), None)
     return out
+
+
+def rounds_note(repeats: int) -> str | None:
+    """What a user must be told when the figures rest on too few replicate rounds (None: enough)."""
+    if repeats >= MIN_ROUNDS:
+        return None
+    return (f"every figure above rests on {repeats} round(s): too few to tell a configuration's speed from one slow "
+            f"or fast round on this machine; run --repeats {MIN_ROUNDS} or more before reading a difference of a few "
+            "percent")
 
 
 def warm_prompts(n: int, length: int = 64) -> list[list[int]]:
@@ -222,12 +232,15 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for c in conc:
         base = concat(rounds["none"][c])
+        none_rounds = [x.tokens_per_s for x in rounds["none"][c]]
         for name in configs:
             res = concat(rounds[name][c])
             per_round = [x.tokens_per_s for x in rounds[name][c]]
             rows.append({
                 "concurrency": c, "config": name, "tokens_per_s": res.tokens_per_s,
                 "median_tokens_per_s": statistics.median(per_round), "rounds_tokens_per_s": per_round,
+                # Paired with the same round's no-speculation engine: the worst round is what a user may meet.
+                "worst_round_vs_none": min(a / b for a, b in zip(per_round, none_rounds)),
                 "acceptance_length": res.acceptance_length,
                 "draft_tokens_per_draft": res.num_draft_tokens / res.num_drafts if res.num_drafts else 0.0,
                 "identical": res.token_ids == base.token_ids,
@@ -246,14 +259,15 @@ def main(argv: list[str] | None = None) -> int:
         best_native = max((r[med] for r in native_rows), default=None)
         # Paired: each round's tokens/s over that round's best native (the engines ran minutes apart at most).
         native_best_rounds = [max(vals) for vals in zip(*(r["rounds_tokens_per_s"] for r in native_rows))]
-        cols = ["config", "tokens/s (median)", "rounds min-max", "vs none", *(["vs best static"] if best_static else []),
+        cols = ["config", "tokens/s (median)", "rounds min-max", "vs none", "worst round / none",
+                *(["vs best static"] if best_static else []),
                 *(["vs best native", "paired"] if best_native else []), "accepted len", "drafted/draft",
                 "identical"]
         for col in cols:
             t.add_column(col, justify="left" if col == "config" else "right")
         for r in cr:
             spread = f"{min(r['rounds_tokens_per_s']):.1f}-{max(r['rounds_tokens_per_s']):.1f}"
-            t.add_row(r["config"], f"{r[med]:.1f}", spread, f"{r[med] / none:.2f}x",
+            t.add_row(r["config"], f"{r[med]:.1f}", spread, f"{r[med] / none:.2f}x", f"{r['worst_round_vs_none']:.3f}x",
                       *([f"{r[med] / best_static:.3f}x"] if best_static else []),
                       *([f"{r[med] / best_native:.3f}x",
                          f"{statistics.median(a / b for a, b in zip(r['rounds_tokens_per_s'], native_best_rounds)):.3f}x"]
@@ -261,6 +275,9 @@ def main(argv: list[str] | None = None) -> int:
                       f"{r['acceptance_length']:.2f}", f"{r['draft_tokens_per_draft']:.2f}",
                       "yes" if r["identical"] else "[red]NO[/]")
         out.print(t)
+    note = rounds_note(args.repeats)
+    if note:
+        err.print(f"[yellow]note:[/yellow] {note}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"format": FORMAT, "command": " ".join(sys.argv), "rows": rows}, indent=1))
