@@ -117,3 +117,21 @@ def test_engine_host_time_interpolates_by_batch_and_tokens():
     assert parts["scheduler"] == 1.5 and parts["input_prep"] == 1.5 and parts["model"] == 3.5
     assert parts["bookkeeping"] == 0.75 and parts["other"] == 0.5 and parts["host"] == 5.5
     assert parts["engine"] == 4.25  # less the proposer's drafting and the front end's output
+
+
+def test_engine_host_time_never_falls_with_more_tokens_or_requests():
+    """The measured engine host time has a dip (B = 64: 8 verified tokens a request read less than 4), which a policy
+    simulation would reward as if verifying more were cheaper; the model charged is monotone in both."""
+    import numpy as np
+
+    from spec_plugins.bench.host_time import ENGINE_DEFAULT, EngineHostTime, isotonic
+
+    engine = EngineHostTime.load(ENGINE_DEFAULT)
+    for b in (1, 4, 16, 64, 256):
+        times = [engine.seconds(b, t) for t in (1, 2, 4, 6, 8)]
+        assert all(x <= y + 1e-12 for x, y in zip(times, times[1:])), (b, times)
+    for t in (1, 4, 8):
+        times = [engine.seconds(b, t) for b in (1, 4, 16, 64, 256)]
+        assert all(x <= y + 1e-12 for x, y in zip(times, times[1:])), (t, times)
+    assert np.allclose(isotonic(np.array([1.0, 3.0, 2.0, 4.0])), [1.0, 2.5, 2.5, 4.0])
+    assert np.allclose(isotonic(np.array([5.0, 1.0])), [3.0, 3.0])
