@@ -297,8 +297,8 @@ class RunsBesideEngine(Protocol):
 class ShapesDraftsForRunner(Protocol):
     """A proposer whose drafts depend on how the runner verifies them (the suffix tree's `fill`): the adapter says
     whether every one of the K slots is verified whatever the draft's length (vLLM 0.34's Model Runner V2 pads a
-    short draft with the last token), so a longer draft costs nothing, or only the drafted tokens are (vLLM's V1
-    runner, TensorRT-LLM)."""
+    short draft with the last token, TensorRT-LLM with token 0), so a longer draft costs nothing, or only the
+    drafted tokens are (vLLM's V1 runner)."""
 
     def runner_verifies_all(self, verifies_all: bool) -> None: ...
 

@@ -99,12 +99,13 @@ class SuffixTreeProposer:
             default=0.7, ge=0.0, le=1.0, description="where the copy and the count draft start with different "
             "tokens, the chosen draft's path probabilities times this (the same tokens; 1: off)"
         )
-        # Drafts shaped by the runner: vLLM 0.34's Model Runner V2 verifies every one of its K slots, and pads a
-        # short draft with the last token; the tree's own path continued is a better guess than that padding.
+        # Drafts shaped by the runner: vLLM 0.34's Model Runner V2 and TensorRT-LLM verify every one of the K slots,
+        # padding a short draft; the tree's own path continued is a better guess than the padding.
         fill: bool | Literal["auto"] = pydantic.Field(
             default="auto", description="draft all max_draft tokens: past where the confidence ends, the chosen "
             "path (or copy) goes on with falling confidences. auto: on where the engine adapter says its runner "
-            "verifies every slot (vLLM 0.34's Model Runner V2), off where only drafted tokens are verified")
+            "verifies every slot (vLLM 0.34's Model Runner V2, TensorRT-LLM), off where only drafted tokens are "
+            "verified (vLLM's V1 runner)")
         # Batched drafting on this host: the drafts are the same whatever these are.
         threads: int = pydantic.Field(
             default=-1, ge=-1, le=256, description="worker threads for a batched step (-1: one per extra core, <= 7)"

@@ -95,10 +95,9 @@ struct Draft {
   double score = 0.0;  // sum of probs: expected accepted tokens under the count model
   i32 match_len = 0;   // 0 when the draft is empty
   // Where a count draft's path stopped, so that Tree::continue_path can follow it further: the tree it
-  // followed (nullptr for other drafts), the node and depth reached, and the path probability there.
+  // followed (nullptr for other drafts), and the node and depth reached.
   Tree* tree = nullptr;
   i32 end_node = kNone, end_depth = 0;
-  double end_prob = 0.0;
 
   // How many leading tokens have a path probability >= p (path probabilities never increase).
   size_t leading_at_least(double p) const {
@@ -635,7 +634,6 @@ class Tree {
         best.tree = this;
         best.end_node = scratch.end_node;
         best.end_depth = scratch.end_depth;
-        best.end_prob = scratch.end_prob;
       }
     }
   }
@@ -645,7 +643,6 @@ class Tree {
   bool follow(i32 v, i32 d, i32 room, double min_prob, double floor, Draft& out) {
     out.tokens.clear();
     out.probs.clear();
-    out.end_node = kNone;
     double p = 1.0, s = 0.0;
     i32 dv = depth_of(v);
     const i32* sv = str(v);
@@ -665,23 +662,23 @@ class Tree {
       out.probs.push_back(p);
       s += p;
       ++d;
-      out.end_node = v;
-      out.end_depth = d;
     }
     out.score = s;
-    out.end_prob = out.probs.empty() ? 0.0 : out.probs.back();
+    out.end_node = out.tokens.empty() ? kNone : v;  // every way out of the loop leaves (v, d) after the last token
+    out.end_depth = d;
     return true;
   }
 
  public:
   // Continues count draft `out` (drafted by this tree: out.tree == this) along the same most frequent path
   // with no probability floor and no budget, up to max_tokens tokens or the tree's depth: for a runner
-  // that verifies every draft slot anyway (the rest would be padding). Path probabilities go on falling.
+  // that verifies every draft slot anyway (the rest would be padding). Path probabilities go on falling;
+  // out.probs must still be the path probabilities follow() wrote (before any reliability is applied).
   void continue_path(Draft& out, i32 max_tokens) {
-    if (out.tree != this || out.end_node == kNone || out.tokens.empty()) return;
+    if (out.tree != this || out.end_node == kNone) return;
     i32 v = out.end_node, d = out.end_depth, dv = depth_of(v);
     const i32* sv = str(v);
-    double p = out.end_prob;
+    double p = out.probs.back();
     const i32 room = std::min(max_tokens, D_ - out.match_len);
     while (i32(out.tokens.size()) < room) {
       if (d == dv) {

@@ -100,7 +100,6 @@ def split(a: np.ndarray, b: np.ndarray) -> dict[str, Any]:
     win, lose = a > b, a < b
     return {
         "positions": int(n),
-        "share": round(n / max(n, 1), 4),
         "a_mean": round(float(a.mean()), 4),
         "b_mean": round(float(b.mean()), 4),
         "oracle_mean": round(float(np.maximum(a, b).mean()), 4),
