@@ -345,10 +345,15 @@ class ResolvesCost(Protocol):
 class RatesDrafts(Protocol):
     """A policy that estimates, for a step's drafts, the probability that each prefix is accepted (calibrated
     against the verifications it has observed): (prefix survival [n, width], usable lengths [n], raw confidences
-    or None). Engines that trim by confidence themselves (vLLM's adaptive verification) are handed these."""
+    or None). Engines that trim by confidence themselves (vLLM's adaptive verification) are handed these.
+    `trim_rated` is the batched trim (BatchPolicy.trim_batch) that also returns each drafted token's conditional
+    acceptance estimate (flat, as `drafts`): what `BatchDrafts.with_survival` makes of `survival_batch`, from the
+    trim's own survival (the drafting layer's `step(rated=True)`)."""
 
     def survival_batch(self, req_ids: Sequence[ReqId], drafts: "BatchDrafts"
                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]: ...
+
+    def trim_rated(self, batch: "DraftBatch", drafts: "BatchDrafts") -> tuple[np.ndarray, np.ndarray]: ...
 
 
 @runtime_checkable

@@ -30,8 +30,8 @@ import numpy as np
 from spec_plugins import _ledger
 from spec_plugins.core import (
     BatchDrafts, BatchPolicy, BatchProposer, BindsModel, DraftBatch, DraftLengthPolicy, DraftRequest, HasStats,
-    FixedLength, LoadsTarget, ObservesStepTime, Proposer, ReqId, RunsBesideEngine, ShapesDraftsForRunner,
-    TrimsDrafts, apply_policy, check_cap, check_drafts,
+    FixedLength, LoadsTarget, ObservesStepTime, Proposer, RatesDrafts, ReqId, RunsBesideEngine,
+    ShapesDraftsForRunner, TrimsDrafts, apply_policy, check_cap, check_drafts,
 )
 from spec_plugins.slots import RequestSlots
 
@@ -90,6 +90,7 @@ class DraftingLayer:
     def policy(self, policy: DraftLengthPolicy) -> None:
         self._policy = policy
         self._batch_policy = isinstance(policy, BatchPolicy)
+        self._rates_drafts = self._batch_policy and isinstance(policy, RatesDrafts)  # step(rated=True) asks it
         # The engines' default (`fixed` without a cap of its own) caps nothing, trims nothing and learns nothing:
         # its three calls a step are skipped (at batch 1 the step is a few microseconds of such calls).
         self._passes_through = type(policy) is FixedLength and policy.max_draft is None
@@ -150,6 +151,7 @@ class DraftingLayer:
         features: Sequence[Any] | None = None,
         present: Sequence[ReqId] = (),
         verified: np.ndarray | None = None,
+        rated: bool = False,
     ) -> BatchDrafts:
         """Draft for every request of this engine step.
 
@@ -165,6 +167,9 @@ class DraftingLayer:
         verified:   slots the engine verified of each request's last draft, where it may verify fewer than
                     were drafted (vLLM's adaptive verification); the report then covers only those, since the
                     rest were never tried. None: every drafted token was verified.
+        rated:      the engine trims by confidence itself (vLLM's adaptive verification): where the policy rates
+                    drafts (core.RatesDrafts), the drafts come back with its calibrated conditional acceptance
+                    estimates as their confidences, from the trim's own survival. Otherwise ignored.
         """
         self.step_count += 1
         n = len(req_ids)
@@ -216,7 +221,7 @@ class DraftingLayer:
             # The per-request view is built at most once a step, after the caps: proposers and policies
             # without a batched path all see the same DraftRequests.
             requests = self._caps(batch)
-            drafts = self._trim(batch, self._propose(batch, requests), requests)
+            drafts = self._trim(batch, self._propose(batch, requests), requests, rated)
         cols["drafted"][slots] = drafts.lengths
         return drafts
 
@@ -327,8 +332,12 @@ class DraftingLayer:
                              f"cap is {batch.max_draft[i]}")
         return drafts
 
-    def _trim(self, batch: DraftBatch, drafts: BatchDrafts, requests: list[DraftRequest] | None) -> BatchDrafts:
-        if self._batch_policy:
+    def _trim(self, batch: DraftBatch, drafts: BatchDrafts, requests: list[DraftRequest] | None,
+              rated: bool = False) -> BatchDrafts:
+        if rated and self._rates_drafts:
+            keep, conditional = self.policy.trim_rated(batch, drafts)
+            drafts = BatchDrafts(drafts.tokens, drafts.offsets, conditional, drafts.probs)
+        elif self._batch_policy:
             keep = self.policy.trim_batch(batch, drafts)
         elif isinstance(self.policy, TrimsDrafts):
             keep = self.policy.trim(batch.requests() if requests is None else requests, drafts.drafts())

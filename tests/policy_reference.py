@@ -488,6 +488,8 @@ class NumpyAdaptive(AdaptiveLength):
                             budget=self.options.max_draft_tokens_per_step, extra_s=extra)
         kept = np.arange(surv.shape[1])[None, :] < lengths[:, None]
         tau = float(len(lengths) + np.sum(np.where(kept, surv, 0.0)))
+        if self._conditional is not None:  # trim_rated: BatchDrafts.with_survival's arithmetic on this survival
+            self._conditional[:] = drafts.with_survival(surv).confidence
         if conf is None:
             self.requests["kept_len"][slots] = -1
         else:

@@ -286,6 +286,52 @@ def test_one_call_trim_and_observe_equal_the_compiled_pieces(name, cost):
         np.testing.assert_array_equal(fast.history.pooled_trials, slow.history.pooled_trials)
 
 
+def test_trim_rated_gives_the_kept_drafts_what_survival_then_with_survival_give_them():
+    """trim_rated (one compiled call) against the trim followed by survival_batch and with_survival, as the MRV2
+    speculator ran them, and against the numpy twin: the same lengths and, bit for bit, the same conditional
+    estimates on every kept token, with confidences and from the history, over steps of churn."""
+    from spec_plugins.core import BatchDrafts, DraftBatch
+
+    rng = np.random.default_rng(23)
+    cost = step_cost(hardware="h200", model="llama-3.1-8b")
+    for opts in ({}, {"confidence": "off"}, {"max_positions": 6}):
+        rated, plain, twin = (AdaptiveLength(cost=cost, **opts), AdaptiveLength(cost=cost, **opts),
+                              NumpyAdaptive(cost=cost, **opts))
+        live = [f"r{i}" for i in range(9)]
+        for step in range(40):
+            if rng.random() < 0.2:
+                gone = live.pop(int(rng.integers(0, len(live))))
+                for p in (rated, plain, twin):
+                    p.finish(gone)
+                live.append(f"n{step}")
+            n = len(live)
+            lengths = rng.integers(0, 12, size=n)
+            offsets = np.concatenate(([0], np.cumsum(lengths)))
+            drafts = BatchDrafts(rng.integers(0, 99, size=int(offsets[-1])), offsets,
+                                 rng.beta(3, 1, size=int(offsets[-1])))
+            batch = DraftBatch(live, [[1]] * n, rng.integers(1, 5000, size=n), np.ones(n, dtype=np.int64),
+                               np.full(n, 16))
+            keep, conditional = rated.trim_rated(batch, drafts)
+            want_keep = plain.trim_batch(batch, drafts)
+            assert keep.tolist() == want_keep.tolist(), (opts, step)
+            got = BatchDrafts(drafts.tokens, drafts.offsets, conditional).truncated(keep)
+            kept = drafts.truncated(want_keep)
+            if len(kept.tokens):
+                want = kept.with_survival(plain.survival_batch(live, kept)[0])
+                np.testing.assert_array_equal(got.confidence, want.confidence, err_msg=str((opts, step)))
+            twin_keep, twin_conditional = twin.trim_rated(batch, drafts)
+            assert twin_keep.tolist() == keep.tolist()
+            twin_kept = drafts.truncated(twin_keep)
+            if len(twin_kept.tokens):  # the twin rates by the survival it computes itself
+                np.testing.assert_array_equal(
+                    BatchDrafts(drafts.tokens, drafts.offsets, twin_conditional).truncated(twin_keep).confidence,
+                    twin_kept.with_survival(twin.survival_batch(live, twin_kept)[0]).confidence)
+            accepted = np.array([rng.integers(0, k + 1) for k in keep])
+            for p in (rated, plain, twin):
+                p.observe_batch(live, keep, accepted)
+        assert rated._conditional is None  # nothing of one step is written by the next
+
+
 class FixedOffset:
     """A step-time fit whose offset is given (what AdaptiveLength reads of StepTimeFit each step)."""
 

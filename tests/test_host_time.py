@@ -32,8 +32,29 @@ def test_growth_scales_the_base_time_along_the_measured_tokens():
     assert us(16, 14.5) == pytest.approx(40.0 * ratio)
     # Past the largest batch: per request, with the largest's ratio.
     assert us(512, 14.5) == pytest.approx(2 * 4000.0)
-    # A policy without growth rows keeps its base time whatever is appended.
-    assert host.seconds("adaptive", 256, 14.5) == host.seconds("adaptive", 256) == pytest.approx(600e-6)
+    # The adaptive path is the fixed path plus its policy's measured extra (600 - 400 at 256), which without
+    # growth rows of both policies stays what the base measurement says whatever is appended.
+    assert host.seconds("adaptive", 256) == pytest.approx(600e-6)
+    assert host.seconds("adaptive", 256, 14.5) == pytest.approx((4000.0 + 200.0) * 1e-6)
+
+
+def test_the_policys_extra_grows_as_its_own_paired_measurements_grow_not_as_the_appends():
+    """Growth runs at B = 1 and 256, at another level than the base (the machine's run-to-run spread): within each
+    run, adaptive costs the fixed path plus 20 µs at BASE_TOKENS and 26 µs at 15 tokens. At B = 16, between them,
+    the policy adds the base's 40 µs grown by 26/20, not the whole adaptive time scaled by the appends' growth
+    (which would charge it ~200 µs here)."""
+    base = rows("p fixed", {1: 10.0, 16: 40.0, 256: 400.0}) + rows("p adaptive", {1: 30.0, 16: 80.0, 256: 420.0})
+    growth = (rows("p fixed", {1: 25.0, 256: 500.0}, tokens=BASE_TOKENS) + rows("p adaptive", {1: 45.0, 256: 520.0}, tokens=BASE_TOKENS)
+              + rows("p fixed", {1: 100.0, 256: 5000.0}, tokens=15.0) + rows("p adaptive", {1: 126.0, 256: 5026.0}, tokens=15.0))
+    host = HostTime(base, "p", growth_rows=growth)
+
+    def extra(b, t):
+        return host.seconds("adaptive", b, t) - host.seconds("fixed", b, t)
+
+    assert extra(1, 15.0) == pytest.approx(26e-6) and extra(256, 15.0) == pytest.approx(26e-6)
+    assert extra(16, 15.0) == pytest.approx(40e-6 * 26 / 20)
+    assert extra(16, BASE_TOKENS) == pytest.approx(40e-6) and extra(16, None) == pytest.approx(40e-6)
+    assert extra(16, 1.0) == pytest.approx(40e-6)  # flat below the fewest tokens measured
 
 
 def write_measurement(path, data: list[dict], as_list: bool = False):
@@ -135,3 +156,22 @@ def test_engine_host_time_never_falls_with_more_tokens_or_requests():
         assert all(x <= y + 1e-12 for x, y in zip(times, times[1:])), (t, times)
     assert np.allclose(isotonic(np.array([1.0, 3.0, 2.0, 4.0])), [1.0, 2.5, 2.5, 4.0])
     assert np.allclose(isotonic(np.array([5.0, 1.0])), [3.0, 3.0])
+
+
+def test_engine_host_time_of_several_runs_charges_each_cell_its_least(tmp_path):
+    """A cell one run measured in a busy spell (B = 16 at 8 tokens: 4.86 ms against 2.35 ms in the other run, the
+    shipped runs) is charged the quieter run's time, and the default reads both shipped runs."""
+    from spec_plugins.bench.host_time import ENGINE_DEFAULT, EngineHostTime
+
+    def cell(batch, tokens, us):
+        return {"batch": batch, "tokens_per_request": tokens, "engine_us": us}
+
+    first = write_measurement(tmp_path / "a.json", [cell(16, 4, 2600.0), cell(16, 8, 4860.0)])
+    second = write_measurement(tmp_path / "b.json", [cell(16, 4, 2230.0), cell(16, 8, 2350.0)])
+    both = EngineHostTime.load([first, second])
+    assert both.seconds(16, 8) == pytest.approx(2350e-6) and both.seconds(16, 4) == pytest.approx(2230e-6)
+    assert both.source == f"{first},{second}"
+    assert EngineHostTime.load(first).seconds(16, 8) == pytest.approx(4860e-6)
+    shipped = EngineHostTime.load(ENGINE_DEFAULT)
+    assert shipped.seconds(16, 8) < 1.1 * shipped.seconds(16, 4)  # no step between 4 and 8 tokens a request
+

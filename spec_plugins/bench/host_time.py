@@ -19,6 +19,15 @@ the time at BASE_TOKENS along the piecewise-linear curve through the measured po
 included; flat below the fewest tokens measured, extrapolated along the last segment above the most),
 that ratio interpolated over log2(batch) between the batch sizes measured that way (and held outside them).
 The measurements come from different runs of one machine, so the curve mixes their run-to-run spread.
+
+A policy's own work is not the proposer's: the `adaptive` path costs the `fixed` path's time (appends,
+drafting, the ledger) plus what its policy adds (costing, trimming, learning from verification), and that part
+walks each request's ≤ K draft positions whatever the request appended. So `seconds("adaptive", b, t)` is
+`seconds("fixed", b, t)` plus the base measurement's adaptive - fixed at b, grown along tokens only as far as the
+growth measurements' own adaptive - fixed grew (paired within each run, so runs at other levels do not mix:
+from ~1.8 to ~15 tokens, 1.25x at B = 1 and 1.39x at B = 256, where the fixed path grew 2x and 14x). Scaling
+the whole adaptive time by the fixed path's growth would charge the policy ten times its measured cost at
+B = 16 on code edits.
 """
 
 from __future__ import annotations
@@ -80,6 +89,29 @@ class HostTime:
                     pts = sorted(by_batch[b] + [(BASE_TOKENS, base)])
                     curves.append((np.array([t for t, _ in pts]), np.array([s / base for _, s in pts])))
                 self._growth[policy] = (np.log2(np.array(batches, dtype=float)), curves)
+        self._extra_growth = self._policy_growth(growth_rows, names) if "adaptive" in names else None
+
+    @staticmethod
+    def _policy_growth(growth_rows: Sequence[dict], names: dict[str, str]
+                       ) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]] | None:
+        """Per measured batch size, (tokens, the policy's adaptive - fixed at those tokens / at BASE_TOKENS) from the
+        growth rows: the i-th fixed and the i-th adaptive row of a batch size are one run's pair. None where no batch
+        size has two pairs, or the difference at the fewest tokens is not positive (nothing to scale)."""
+        rows = {policy: {} for policy in names}
+        for r in growth_rows:
+            for policy, name in names.items():
+                if r["proposer"] == name and r.get("tokens_per_request_step") is not None:
+                    rows[policy].setdefault(int(r["batch"]), []).append(r)
+        batches, curves = [], []
+        for b in sorted(set(rows["fixed"]) & set(rows["adaptive"])):
+            pairs = sorted((float(f["tokens_per_request_step"]), (float(a["us_per_step"]) - float(f["us_per_step"])) * 1e-6)
+                           for f, a in zip(rows["fixed"][b], rows["adaptive"][b]))
+            if len(pairs) < 2 or pairs[0][1] <= 0.0:
+                continue
+            tokens, extra = np.array([t for t, _ in pairs]), np.array([max(e, 0.0) for _, e in pairs])
+            batches.append(b)
+            curves.append((tokens, extra / _along(tokens, extra, BASE_TOKENS)))
+        return (np.log2(np.array(batches, dtype=float)), curves) if batches else None
 
     @classmethod
     def load(cls, path: str | Path, proposer: str, growth: Sequence[str | Path] = ()) -> "HostTime":
@@ -90,12 +122,15 @@ class HostTime:
     def seconds(self, policy: Literal["fixed", "adaptive"], batch: int, tokens: float | None = None) -> float:
         """Host seconds of one step of `batch` requests; tokens: what each appends on average this step (None:
         as in the base measurement)."""
+        if policy == "adaptive" and "adaptive" in self._curves:
+            extra = self._base("adaptive", batch) - self._base("fixed", batch)
+            if tokens is not None and self._extra_growth is not None:
+                extra *= _interp_log2(batch, *self._extra_growth, tokens)
+            return self.seconds("fixed", batch, tokens) + extra
         base = self._base(policy, batch)
         if tokens is None or policy not in self._growth:
             return base
-        log_batches, curves = self._growth[policy]
-        ratios = [_along(t, r, tokens) for t, r in curves]
-        return base * float(np.interp(np.log2(max(batch, 1)), log_batches, ratios))
+        return base * _interp_log2(batch, *self._growth[policy], tokens)
 
     def _base(self, policy: str, batch: int) -> float:
         if policy not in self._curves:
@@ -104,6 +139,12 @@ class HostTime:
         if batch >= batches[-1]:
             return float(secs[-1] / batches[-1] * batch)
         return float(np.interp(batch, batches, secs))
+
+
+def _interp_log2(batch: int, log_batches: np.ndarray, curves: list[tuple[np.ndarray, np.ndarray]], tokens: float
+                 ) -> float:
+    """Each measured batch size's curve at `tokens`, interpolated over log2(batch) (held outside them)."""
+    return float(np.interp(np.log2(max(batch, 1)), log_batches, [_along(t, r, tokens) for t, r in curves]))
 
 
 def _along(tokens: np.ndarray, values: np.ndarray, t: float) -> float:
@@ -115,7 +156,8 @@ def _along(tokens: np.ndarray, values: np.ndarray, t: float) -> float:
     return float(np.interp(t, tokens, values))
 
 
-ENGINE_DEFAULT = FOLDER / "cpu2-engine-host-time.json"
+# Two runs of the same measurement (12 and 36 steps a cell); each cell is charged the lesser (see EngineHostTime).
+ENGINE_DEFAULT = (FOLDER / "cpu2-engine-host-time.json", FOLDER / "cpu2-engine-host-time-steps36.json")
 
 
 class EngineHostTime:
@@ -124,13 +166,22 @@ class EngineHostTime:
     charged apart, the front end's output processing runs in its own process), by batch size and verified
     tokens per request. Between measured batch sizes linear, past the largest by its time per request, below the
     smallest the smallest's; between measured token counts linear, outside them the nearest. A full grid of
-    measurements is first made non-decreasing in both (`monotone_grid`)."""
+    measurements is first made non-decreasing in both (`monotone_grid`).
+
+    Rows of several runs (the same cell measured more than once) give each cell its least median: another process on
+    this shared host only ever adds time, and it comes in spells as long as a cell. Two runs of this 2-core host
+    differ by up to 2x in a cell (B = 16 with 8 tokens a request: 4.86 ms in one, 2.35 ms in the other; B = 256
+    slower throughout the second, its forwards too), more than a cell's steps differ within a run."""
 
     def __init__(self, rows: list[dict], source: str = "measurement") -> None:
         self.source = source
-        by_tokens: dict[int, list[tuple[int, float]]] = {}
+        least: dict[tuple[int, int], float] = {}
         for r in rows:
-            by_tokens.setdefault(int(r["tokens_per_request"]), []).append((int(r["batch"]), float(r["engine_us"]) * 1e-6))
+            cell = (int(r["tokens_per_request"]), int(r["batch"]))
+            least[cell] = min(least.get(cell, np.inf), float(r["engine_us"]) * 1e-6)
+        by_tokens: dict[int, list[tuple[int, float]]] = {}
+        for (tokens, batch), secs in least.items():
+            by_tokens.setdefault(tokens, []).append((batch, secs))
         if not by_tokens:
             raise ValueError(f"engine host time {source}: no rows")
         self._tokens = np.array(sorted(by_tokens), dtype=float)
@@ -141,8 +192,10 @@ class EngineHostTime:
             self._curves = [(self._curves[0][0], row) for row in monotone_grid(np.array([s for _, s in self._curves]))]
 
     @classmethod
-    def load(cls, path: str | Path) -> "EngineHostTime":
-        return cls(_read(path), source=str(path))
+    def load(cls, path: str | Path | Sequence[str | Path]) -> "EngineHostTime":
+        """One measurement, or several runs of it (each cell: the least)."""
+        paths = [path] if isinstance(path, (str, Path)) else list(path)
+        return cls([r for p in paths for r in _read(p)], source=",".join(map(str, paths)))
 
     def seconds(self, batch: int, tokens_per_request: float = 1.0) -> float:
         at = []

@@ -30,7 +30,8 @@ Host time: every step is also charged the measured host time of the drafting ste
 `adaptive` path's for the adaptive policy, for the traces' proposer, scaled to the tokens each request
 appends at that step (what the policy's previous step emitted per request; `--host-growth`, see
 `spec_plugins.bench.host_time`): a suffix tree's appends, and vLLM `suffix`'s, cost more when more is
-accepted. It replaces the cost model's own per-request drafting estimate (`--draft-us`), which then applies
+accepted; the adaptive policy's own work over the `fixed` path grows only as its paired measurements show. It
+replaces the cost model's own per-request drafting estimate (`--draft-us`), which then applies
 only with `--host-time none`.
 
 The engine's own host time: every step is also charged what vLLM's V1 runner with synchronous scheduling
@@ -51,7 +52,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from spec_plugins.core import BatchDrafts, Draft, DraftRequest
+from spec_plugins.core import BatchDrafts, Draft, DraftBatch, DraftRequest
 from spec_plugins.policy.planner import AcceptanceStats, plan, schedule_for_batch
 from spec_plugins.traces import load_traces
 
@@ -167,9 +168,8 @@ class AdaptiveVerification(VerifiesSlots):
             drafts = BatchDrafts.from_drafts([Draft([0] * int(n), confidence=None if c is None else c[:n])
                                               for c, n in zip(confidences, lengths.tolist())])
             reqs = [DraftRequest(key, range(c), 1, w) for key, c in zip(keys, context)]
-            kept = drafts.truncated(np.asarray(self.policy.trim(reqs, drafts.drafts()), dtype=np.int64))
-            if len(kept.tokens):
-                kept = kept.with_survival(self.policy.survival_batch(keys, kept)[0])
+            lengths, conditional = self.policy.trim_rated(DraftBatch.from_requests(reqs), drafts)  # as the speculator
+            kept = BatchDrafts(drafts.tokens, drafts.offsets, conditional).truncated(lengths)
             confidences, lengths = [d.confidence for d in kept.drafts()], kept.lengths
         conf = np.zeros((b, w))
         for i, (c, n) in enumerate(zip(confidences, lengths.tolist())):
@@ -278,9 +278,9 @@ def add_cost_arguments(ap: argparse.ArgumentParser) -> None:
                     help="step_overhead JSON whose measured host time per step is charged ('default': the one in "
                          "benchmarks/host_time/; 'none': charge --draft-us instead)")
     ap.add_argument("--engine-host-time", default="default",
-                    help="engine_host_time JSON: the engine's own host time per step on vLLM's V1 runner (scheduler, "
-                         "input prep, output processing), charged to every step ('default': the one in "
-                         "benchmarks/host_time/; 'none': not charged)")
+                    help="engine_host_time JSON (comma-separated: runs of it, each cell the least): the engine's own "
+                         "host time per step on vLLM's V1 runner (scheduler, input prep, output processing), charged "
+                         "to every step ('default': the two runs in benchmarks/host_time/; 'none': not charged)")
     ap.add_argument("--host-growth", default="default",
                     help="step_overhead --verify JSONs (comma-separated) giving host time by tokens appended per "
                          "request ('default': the code and rewrite ones in benchmarks/host_time/ with the default "
@@ -294,7 +294,7 @@ def build_engine_host_time(args) -> Any:
         return None
     from spec_plugins.bench.host_time import ENGINE_DEFAULT, EngineHostTime
 
-    path = ENGINE_DEFAULT if choice == "default" else Path(choice)
+    path = ENGINE_DEFAULT if choice == "default" else [Path(c.strip()) for c in choice.split(",") if c.strip()]
     try:
         return EngineHostTime.load(path)
     except (ValueError, KeyError) as exc:

@@ -342,11 +342,15 @@ using i64_out = spec_plugins::CArray<std::int64_t, py::array::c_style>;
 // Returns (lengths [n], expected tokens of the kept drafts, linear seconds, attention seconds, the offset as
 // bounded): what the policy's long-run rate adds up. The arithmetic is the numpy twin's
 // (tests/policy_reference.py, NumpyAdaptive).
+// conditional (None, or float64 [drafted tokens], the drafts' flat layout): filled with each token's conditional
+// acceptance estimate from the same survival, survival[j] / survival[j - 1] (0 where the one before is 0, and past
+// the positions the estimates keep): on the kept prefixes, what BatchDrafts.with_survival makes of
+// AdaptiveLength.survival_batch.
 py::tuple trim_step(py::object conf_obj, i64 offsets, i64 drafted, py::object history_obj, i64 slots, f64 cal_trials,
                     f64 cal_successes, double prior_weight, f64 fit_ok, f64 fit_predicted, double correction_k,
                     f64_out kept, i64_out kept_len, double overhead, double draft_seconds, double offset,
                     double offset_cut, bool greedy, double min_gain, py::object rate_obj, long long budget, f64 curve,
-                    py::object attention_obj) {
+                    py::object attention_obj, py::object conditional_obj) {
   const py::ssize_t n = drafted.size();
   if (offsets.size() != n + 1 || slots.size() != n) throw py::value_error("trim: one offset (plus one) and slot per draft");
   if (kept.ndim() != 2 || kept_len.size() != kept.shape(0) || fit_ok.size() != kept.shape(0) ||
@@ -410,6 +414,18 @@ py::tuple trim_step(py::object conf_obj, i64 offsets, i64 drafted, py::object hi
       }
     }
   }
+  if (!conditional_obj.is_none()) {
+    f64_out cond = conditional_obj.cast<f64_out>();
+    if (cond.size() != o[n] || !cond.writeable()) throw py::value_error("trim: conditional: one writeable slot per drafted token");
+    double* c = cond.mutable_data();
+    for (py::ssize_t r = 0; r < n; ++r) {
+      const double* sr = surv.data() + r * width;
+      for (std::int64_t j = 0; j < d[r]; ++j) {
+        const double prev = j == 0 ? 1.0 : sr[j - 1];
+        c[o[r] + j] = j < usable[r] && prev > 0.0 ? sr[j] / prev : 0.0;
+      }
+    }
+  }
   Extras extras;
   read_extras(attention_obj, extras, n);
   if (offset < 0.0) {  // bounded by offset_cut of the step with no drafts
@@ -467,7 +483,7 @@ PYBIND11_MODULE(_trim, m) {
         py::arg("slots"), py::arg("cal_trials"), py::arg("cal_successes"), py::arg("prior_weight"), py::arg("fit_ok"),
         py::arg("fit_predicted"), py::arg("correction_k"), py::arg("kept"), py::arg("kept_len"), py::arg("overhead"),
         py::arg("draft_seconds"), py::arg("offset"), py::arg("offset_cut"), py::arg("greedy"), py::arg("min_gain"),
-        py::arg("rate"), py::arg("budget"), py::arg("curve"), py::arg("attention"));
+        py::arg("rate"), py::arg("budget"), py::arg("curve"), py::arg("attention"), py::arg("conditional") = py::none());
   m.def("ranking", [](std::vector<double> gain) { return descending_stable(gain); },
         "The order the walk reads candidates in: numpy's argsort(-gain, kind='stable') for gains > 0.");
   m.def("walk", &walk, py::arg("survival"), py::arg("lengths"), py::arg("sunk"), py::arg("greedy"),

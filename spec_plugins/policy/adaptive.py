@@ -123,6 +123,7 @@ class AdaptiveLength:
         self.observes_step_time = opts.step_overhead == "measured"  # core.ObservesStepTime
         self._modelled: float | None = None
         self._last_modelled = self._last_tau = 0.0  # the last trimmed step's modelled seconds and expected tokens
+        self._conditional: np.ndarray | None = None  # trim_rated's output, filled by the trim's compiled call
         self._curves_of: StepCost | None = None  # the cost model `_curves` reads (allocator.curve_source)
         self._curves = None
         # Where the cost model came from (the engine's log names it); with no options, the prior is chosen from
@@ -221,6 +222,18 @@ class AdaptiveLength:
         self._time = d * self._time + step + extra
         return lengths
 
+    def trim_rated(self, batch: DraftBatch, drafts: BatchDrafts) -> tuple[np.ndarray, np.ndarray]:
+        """`trim_batch`, and each drafted token's calibrated conditional acceptance estimate (core.RatesDrafts; flat,
+        in the layout of `drafts`; 0 past `max_positions`) read off the survival the trim itself computed: on the
+        kept prefixes, what `survival_batch` then `BatchDrafts.with_survival` give the kept drafts, in the same
+        compiled call."""
+        self._conditional = np.empty(len(drafts.tokens))
+        try:
+            lengths = self.trim_batch(batch, drafts)
+            return lengths, self._conditional
+        finally:
+            self._conditional = None
+
     def _curve_source(self):
         """allocator.curve_source of the current cost model, resolved once per cost model."""
         if self._curves_of is not self.cost:
@@ -270,7 +283,7 @@ class AdaptiveLength:
             offset_cut=o.max_offset_cut, greedy=search == "greedy",
             min_gain=o.min_gain, rate=self._rate(),
             budget=-1 if o.max_draft_tokens_per_step is None else o.max_draft_tokens_per_step,
-            curve=curve, attention=terms)
+            curve=curve, attention=terms, conditional=self._conditional)
         # step_time's sum, from the parts the walk read off the same curves
         return lengths, tau, self.cost.overhead_s + linear + attention + self.cost.draft_time(lengths), extra
 

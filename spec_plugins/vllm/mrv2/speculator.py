@@ -25,8 +25,8 @@ written again. On vLLM's CPU platform every buffer is host memory and the copies
 
 Adaptive verification (`enable_adaptive_verification`): vLLM trims the batch's drafts by per-position confidences,
 which we hand in `draft_token_confidence_probs`. A policy that rates drafts (`core.RatesDrafts`: `adaptive`) hands
-its calibrated estimates (the conditional acceptance its prefix survival implies), others the proposer's raw
-confidences. vLLM may then verify fewer slots than were drafted: `num_rejected` (copied with `num_sampled`, same
+its calibrated estimates (the conditional acceptance its prefix survival implies, read off the survival its trim
+computed: `DraftingLayer.step(rated=True)`), others the proposer's raw confidences. vLLM may then verify fewer slots than were drafted: `num_rejected` (copied with `num_sampled`, same
 sync) gives how many it verified, and the policy learns from those only.
 
 Under tensor parallelism each rank builds its own speculator and no collective runs: every rank drafts the same
@@ -46,7 +46,7 @@ import numpy as np
 import torch
 from vllm.v1.worker.gpu.spec_decode.speculator import BaseSpeculator
 
-from spec_plugins.core import BindsModel, RatesDrafts, ResolvesCost
+from spec_plugins.core import BindsModel, ResolvesCost
 from spec_plugins.drafting import DraftingLayer
 from spec_plugins.slots import RowRange
 from spec_plugins.vllm.proposer import StepTrace, engine_device
@@ -289,12 +289,11 @@ class SpecPluginsSpeculator(BaseSpeculator):
         lens, new = totals[rows], sampled[rows]
         accepted = new - 1
         caps = np.minimum(np.maximum(self.max_model_len - 1 - lens, 0), max(k, 0))
+        # rated: a policy that rates drafts (core.RatesDrafts) hands its calibrated estimates, for vLLM's trim
         drafts = self.drafting.step(live_ids, self.history, lens, rows=slots[rows], num_new=new,
                                     accepted=accepted, max_draft=caps, present=present,
-                                    verified=None if rejected is None else accepted + rejected[rows])
-        policy = self.drafting.policy
-        if conf is not None and isinstance(policy, RatesDrafts) and len(drafts.tokens):
-            drafts = drafts.with_survival(policy.survival_batch(live_ids, drafts)[0])  # calibrated, for vLLM's trim
+                                    verified=None if rejected is None else accepted + rejected[rows],
+                                    rated=conf is not None)
         drafts.write_padded(out, rows, confidence_out=conf)
         self.last_drafted = (rows, drafts.lengths)  # batch rows that drafted, and how many tokens each (not filler)
         if self._trace is not None:
