@@ -478,7 +478,7 @@ class NumpyAdaptive(AdaptiveLength):
             cond = np.clip(cond * self._correction(slots)[:, None], 0.0, 1.0)
         return np.cumprod(np.clip(cond, 0.0, 1.0), axis=1), usable, conf
 
-    def _trim_step(self, slots, drafts, search, context, curves, extra):
+    def _trim_step(self, slots, drafts, search, context, curves, extra, conditional=None):
         if extra < 0.0:
             extra = max(extra, -self.options.max_offset_cut * no_draft_step_time(self.cost, context))
         req_ids = [self.requests.id_at(int(s)) for s in slots]
@@ -488,8 +488,8 @@ class NumpyAdaptive(AdaptiveLength):
                             budget=self.options.max_draft_tokens_per_step, extra_s=extra)
         kept = np.arange(surv.shape[1])[None, :] < lengths[:, None]
         tau = float(len(lengths) + np.sum(np.where(kept, surv, 0.0)))
-        if self._conditional is not None:  # trim_rated: BatchDrafts.with_survival's arithmetic on this survival
-            self._conditional[:] = drafts.with_survival(surv).confidence
+        if conditional is not None:  # trim_rated: BatchDrafts.with_survival's arithmetic on this survival
+            conditional[:] = drafts.with_survival(surv).confidence
         if conf is None:
             self.requests["kept_len"][slots] = -1
         else:

@@ -76,17 +76,14 @@ class HostTime:
                 known = sorted({r["proposer"] for r in rows})
                 raise ValueError(f"host time {source}: no rows for {name!r}; it has {', '.join(known)}")
             self._curves[policy] = (np.array([b for b, _ in points], dtype=float), np.array([s for _, s in points]))
-            by_batch: dict[int, list[tuple[float, float]]] = {}
-            for r in growth_rows:
-                if r["proposer"] == name and r.get("tokens_per_request_step") is not None:
-                    by_batch.setdefault(int(r["batch"]), []).append(
-                        (float(r["tokens_per_request_step"]), float(r["us_per_step"]) * 1e-6))
+            by_batch = _growth_by_batch(growth_rows, name)
             if by_batch:
                 batches = sorted(by_batch)
                 curves = []
                 for b in batches:
                     base = self._base(policy, b)
-                    pts = sorted(by_batch[b] + [(BASE_TOKENS, base)])
+                    pts = sorted([(float(r["tokens_per_request_step"]), float(r["us_per_step"]) * 1e-6)
+                                  for r in by_batch[b]] + [(BASE_TOKENS, base)])
                     curves.append((np.array([t for t, _ in pts]), np.array([s / base for _, s in pts])))
                 self._growth[policy] = (np.log2(np.array(batches, dtype=float)), curves)
         self._extra_growth = self._policy_growth(growth_rows, names) if "adaptive" in names else None
@@ -97,11 +94,7 @@ class HostTime:
         """Per measured batch size, (tokens, the policy's adaptive - fixed at those tokens / at BASE_TOKENS) from the
         growth rows: the i-th fixed and the i-th adaptive row of a batch size are one run's pair. None where no batch
         size has two pairs, or the difference at the fewest tokens is not positive (nothing to scale)."""
-        rows = {policy: {} for policy in names}
-        for r in growth_rows:
-            for policy, name in names.items():
-                if r["proposer"] == name and r.get("tokens_per_request_step") is not None:
-                    rows[policy].setdefault(int(r["batch"]), []).append(r)
+        rows = {policy: _growth_by_batch(growth_rows, name) for policy, name in names.items()}
         batches, curves = [], []
         for b in sorted(set(rows["fixed"]) & set(rows["adaptive"])):
             pairs = sorted((float(f["tokens_per_request_step"]), (float(a["us_per_step"]) - float(f["us_per_step"])) * 1e-6)
@@ -139,6 +132,15 @@ class HostTime:
         if batch >= batches[-1]:
             return float(secs[-1] / batches[-1] * batch)
         return float(np.interp(batch, batches, secs))
+
+
+def _growth_by_batch(growth_rows: Sequence[dict], name: str) -> dict[int, list[dict]]:
+    """The growth rows of proposer row `name` that say what each request appended, by batch size, in their order."""
+    by_batch: dict[int, list[dict]] = {}
+    for r in growth_rows:
+        if r["proposer"] == name and r.get("tokens_per_request_step") is not None:
+            by_batch.setdefault(int(r["batch"]), []).append(r)
+    return by_batch
 
 
 def _interp_log2(batch: int, log_batches: np.ndarray, curves: list[tuple[np.ndarray, np.ndarray]], tokens: float

@@ -123,7 +123,6 @@ class AdaptiveLength:
         self.observes_step_time = opts.step_overhead == "measured"  # core.ObservesStepTime
         self._modelled: float | None = None
         self._last_modelled = self._last_tau = 0.0  # the last trimmed step's modelled seconds and expected tokens
-        self._conditional: np.ndarray | None = None  # trim_rated's output, filled by the trim's compiled call
         self._curves_of: StepCost | None = None  # the cost model `_curves` reads (allocator.curve_source)
         self._curves = None
         # Where the cost model came from (the engine's log names it); with no options, the prior is chosen from
@@ -200,6 +199,17 @@ class AdaptiveLength:
         return batch.max_draft
 
     def trim_batch(self, batch: DraftBatch, drafts: BatchDrafts) -> np.ndarray:
+        return self._trim_batch(batch, drafts, None)
+
+    def trim_rated(self, batch: DraftBatch, drafts: BatchDrafts) -> tuple[np.ndarray, np.ndarray]:
+        """`trim_batch`, and each drafted token's calibrated conditional acceptance estimate (core.RatesDrafts; flat,
+        in the layout of `drafts`; 0 past `max_positions`) read off the survival the trim itself computed: on the
+        kept prefixes, what `survival_batch` then `BatchDrafts.with_survival` give the kept drafts, in the same
+        compiled call."""
+        conditional = np.empty(len(drafts.tokens))
+        return self._trim_batch(batch, drafts, conditional), conditional
+
+    def _trim_batch(self, batch: DraftBatch, drafts: BatchDrafts, conditional: np.ndarray | None) -> np.ndarray:
         if self.cost is None:
             self._cost_from_engine()
         drafted = drafts.lengths
@@ -213,7 +223,7 @@ class AdaptiveLength:
         curves = self._curve_source()(n, n + tokens + 1, context, min(tokens, self.options.max_positions))
         # The fitted offset, bounded below by max_offset_cut of the step with no drafts where it is negative
         lengths, tau, step, extra = self._trim_step(slots, drafts, search, context, curves,
-                                                    self.step_fit.offset(lowest=-np.inf))
+                                                    self.step_fit.offset(lowest=-np.inf), conditional)
         # The long-run goodput the allocator weighs tokens against: modelled, over recent steps.
         d = self.options.rate_decay
         self._tau = d * self._tau + tau
@@ -221,18 +231,6 @@ class AdaptiveLength:
         self._modelled = self._last_modelled = step
         self._time = d * self._time + step + extra
         return lengths
-
-    def trim_rated(self, batch: DraftBatch, drafts: BatchDrafts) -> tuple[np.ndarray, np.ndarray]:
-        """`trim_batch`, and each drafted token's calibrated conditional acceptance estimate (core.RatesDrafts; flat,
-        in the layout of `drafts`; 0 past `max_positions`) read off the survival the trim itself computed: on the
-        kept prefixes, what `survival_batch` then `BatchDrafts.with_survival` give the kept drafts, in the same
-        compiled call."""
-        self._conditional = np.empty(len(drafts.tokens))
-        try:
-            lengths = self.trim_batch(batch, drafts)
-            return lengths, self._conditional
-        finally:
-            self._conditional = None
 
     def _curve_source(self):
         """allocator.curve_source of the current cost model, resolved once per cost model."""
@@ -264,10 +262,11 @@ class AdaptiveLength:
         self.step_fit.add(modelled, seconds)
 
     def _trim_step(self, slots: np.ndarray, drafts: BatchDrafts, search: str, context: np.ndarray,
-                   curves: tuple, extra: float) -> tuple:
+                   curves: tuple, extra: float, conditional: np.ndarray | None = None) -> tuple:
         """Survival, walk and bookkeeping in one compiled call (policy/_trim.cpp): (lengths, expected tokens,
         modelled seconds, the offset `extra` as bounded by max_offset_cut) of the step, each request's kept
-        confidences stored (tests/policy_reference.py: the same step in numpy)."""
+        confidences stored, and `conditional` (where given) filled with each drafted token's conditional estimate
+        (tests/policy_reference.py: the same step in numpy)."""
         cols, cal, o = self.requests.columns, self.calibrator, self.options
         with_conf = o.confidence != "off" and drafts.confidence is not None
         h = self.history
@@ -283,7 +282,7 @@ class AdaptiveLength:
             offset_cut=o.max_offset_cut, greedy=search == "greedy",
             min_gain=o.min_gain, rate=self._rate(),
             budget=-1 if o.max_draft_tokens_per_step is None else o.max_draft_tokens_per_step,
-            curve=curve, attention=terms, conditional=self._conditional)
+            curve=curve, attention=terms, conditional=conditional)
         # step_time's sum, from the parts the walk read off the same curves
         return lengths, tau, self.cost.overhead_s + linear + attention + self.cost.draft_time(lengths), extra
 

@@ -26,8 +26,9 @@ written again. On vLLM's CPU platform every buffer is host memory and the copies
 Adaptive verification (`enable_adaptive_verification`): vLLM trims the batch's drafts by per-position confidences,
 which we hand in `draft_token_confidence_probs`. A policy that rates drafts (`core.RatesDrafts`: `adaptive`) hands
 its calibrated estimates (the conditional acceptance its prefix survival implies, read off the survival its trim
-computed: `DraftingLayer.step(rated=True)`), others the proposer's raw confidences. vLLM may then verify fewer slots than were drafted: `num_rejected` (copied with `num_sampled`, same
-sync) gives how many it verified, and the policy learns from those only.
+computed: `DraftingLayer.step(rated=True)`), others the proposer's raw confidences. vLLM may then verify fewer
+slots than were drafted: `num_rejected` (copied with `num_sampled`, same sync) gives how many it verified, and the
+policy learns from those only.
 
 Under tensor parallelism each rank builds its own speculator and no collective runs: every rank drafts the same
 tokens because the drafting layer and the proposers are deterministic in the sequence of calls, which the runner
