@@ -144,10 +144,12 @@ py::tuple ledger_reports(py::sequence req_ids, i64 slots, i64 accepted, i64 draf
 // The ledger's step in one call when every id is already in `index` (the usual engine step): None, with
 // nothing written, if some id is unknown (the caller takes the general path, which creates slots). Else
 // (slots, grown, reports): what lookup_slots, ledger_reports (accepted given; reports is None otherwise)
-// and ledger_seen (no request new) return, in the same order of effects. A repeated id raises before any
-// column is written.
+// and ledger_seen (no request new) return, in the same order of effects. `verified` (where given: slots the
+// engine verified of each request's last draft) first lowers each drafted entry to it, so a report covers only
+// what was tried. A repeated id raises before any column is written.
 py::object ledger_step(py::dict index, py::sequence req_ids, long long step, i64 lens, py::object num_new_obj,
-                       py::object accepted_obj, i64 last_step, i64 seen_len, i64 drafted_col) {
+                       py::object accepted_obj, i64 last_step, i64 seen_len, i64 drafted_col,
+                       py::object verified_obj) {
   py::object seq = py::reinterpret_steal<py::object>(PySequence_Fast(req_ids.ptr(), "req_ids: expected a sequence"));
   if (!seq) throw py::error_already_set();
   const py::ssize_t n = PySequence_Fast_GET_SIZE(seq.ptr()), capacity = last_step.size();
@@ -166,9 +168,14 @@ py::object ledger_step(py::dict index, py::sequence req_ids, long long step, i64
       taken[sl[i]] = 1;
     }
   }
-  i64 num_new, accepted;
+  i64 num_new, accepted, verified;
   const std::int64_t* fresh = optional_counts(num_new_obj, n, "num_new", num_new);
   const std::int64_t* acc = optional_counts(accepted_obj, n, "accepted", accepted);
+  const std::int64_t* ver = optional_counts(verified_obj, n, "verified", verified);
+  if (ver) {
+    std::int64_t* drafted = drafted_col.mutable_data();
+    for (py::ssize_t i = 0; i < n; ++i) drafted[sl[i]] = std::min(drafted[sl[i]], ver[i]);
+  }
   py::object reports = py::none();
   if (acc) {
     std::vector<std::int64_t> r(n), dd(n), aa(n);
@@ -198,6 +205,8 @@ PYBIND11_MODULE(_ledger, m) {
   m.def("lookup_slots", &lookup_slots);
   m.def("ledger_seen", &ledger_seen);
   m.def("ledger_reports", &ledger_reports);
-  m.def("ledger_step", &ledger_step);
+  m.def("ledger_step", &ledger_step, py::arg("index"), py::arg("req_ids"), py::arg("step"), py::arg("lens"),
+        py::arg("num_new"), py::arg("accepted"), py::arg("last_step"), py::arg("seen_len"), py::arg("drafted"),
+        py::arg("verified") = py::none());
   m.def("first_over", &first_over);
 }

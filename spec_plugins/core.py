@@ -168,18 +168,6 @@ class BatchDrafts:
         """Each request's draft as a list of Python ints (what vLLM and TensorRT-LLM take)."""
         return _contract.draft_lists(np.ascontiguousarray(self.tokens), self.offsets)
 
-    def write_padded(self, out: np.ndarray, rows: np.ndarray, confidence_out: np.ndarray | None = None) -> None:
-        """Write draft i from column 0 of row `rows[i]` of `out` ([*, width], already holding the filler), for
-        engines that verify a fixed width (vLLM's Model Runner V2). `confidence_out`, where given, gets the draft's
-        confidences (1.0 for a draft without any) over the same cells."""
-        if not len(self.tokens):
-            return
-        which = np.repeat(rows, self.lengths)
-        col = np.arange(len(self.tokens)) - np.repeat(self.offsets[:-1], self.lengths)
-        out[which, col] = self.tokens
-        if confidence_out is not None:
-            confidence_out[which, col] = 1.0 if self.confidence is None else self.confidence
-
     def with_survival(self, survival: np.ndarray) -> "BatchDrafts":
         """These drafts with their confidences replaced by the conditional acceptance probabilities that prefix
         survival `survival` ([n, width]) implies: survival[i, j] / survival[i, j - 1], 0 past `width`."""

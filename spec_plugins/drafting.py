@@ -181,19 +181,20 @@ class DraftingLayer:
         ledger = self._ledger
         cols = ledger.columns
         if verified is not None:
-            at = ledger.slots_of(req_ids, create=False)
-            known = at >= 0
-            cols["drafted"][at[known]] = np.minimum(cols["drafted"][at[known]],
-                                                    np.asarray(verified, dtype=np.int64)[known])
+            verified = np.ascontiguousarray(verified, dtype=np.int64)
         try:  # the usual step, every request known: the whole ledger step in one compiled call
             known = _ledger.ledger_step(ledger.index, req_ids, self.step_count, lens, num_new, accepted,
-                                         cols["last_step"], cols["seen_len"], cols["drafted"])
+                                         cols["last_step"], cols["seen_len"], cols["drafted"], verified)
         except ValueError as exc:
             raise ValueError(f"{self.who}: {exc}") from None
         if known is not None:
             slots, grown, reports = known
             new = None
         else:  # some request is new: slots are created first
+            if verified is not None:  # the known ones' last drafts were verified this far
+                at = ledger.slots_of(req_ids, create=False)
+                seen = at >= 0
+                cols["drafted"][at[seen]] = np.minimum(cols["drafted"][at[seen]], verified[seen])
             if len(set(req_ids)) != n:
                 raise ValueError(f"{self.who}: a request id appears twice in one step")
             slots, new = ledger.lookup(req_ids)

@@ -198,6 +198,10 @@ def test_layer_reports_only_the_slots_the_engine_verified():
     layer.step(["a", "b", "c", "d"], [[1, 2, 3, 9, 9], [4, 5, 6, 7], [7, 8, 9, 1], [2]], [5, 4, 4, 1], max_draft=3,
                accepted=[1, 3, 0, -1], verified=np.array([2, 5, 0, 0]))
     assert pol.observed == [("a", 2, 1), ("b", 3, 3)]
+    # Every request known (the ledger's compiled step): the same rule.
+    layer.step(["a", "b", "c", "d"], [[1, 2, 3, 9, 9, 9], [4, 5, 6, 7, 7], [7, 8, 9, 1, 1], [2, 2]], [6, 5, 5, 2],
+               max_draft=3, accepted=[0, 2, 1, 3], verified=np.array([1, 3, 0, 9]))
+    assert pol.observed[2:] == [("a", 1, 0), ("b", 3, 2), ("d", 3, 3)]
 
 
 def test_batch_drafts_with_survival_gives_the_implied_conditional_confidences():

@@ -96,9 +96,10 @@ def test_the_shipped_measurements_load_for_every_proposer_the_simulator_names():
 
 
 def test_simulator_charges_host_time_by_the_tokens_each_step_appends(tmp_path):
-    """The same trace with every draft accepted: static_8 appends 9 tokens a step, static_0 one. Against the base
-    measurement alone, a host time that is 10x at 9 tokens and 0.5x at 1 token lowers static_8's goodput and raises
-    static_0's; a growth curve at 1x everywhere changes nothing."""
+    """The same trace with every draft accepted: static_8 appends 9 tokens a step, static_1 two. Against the base
+    measurement alone, a host time that is 10x at 9 tokens and 0.5x at 2 tokens lowers static_8's goodput and raises
+    static_1's; a growth curve at 1x everywhere changes nothing. static_0 is no speculation: no drafter runs, so no
+    drafting host time is charged to it at all."""
     from spec_plugins.bench import policy_sim
     from spec_plugins.policy.cost import DraftCost, RooflineCost
     from spec_plugins.traces import load_traces
@@ -108,17 +109,19 @@ def test_simulator_charges_host_time_by_the_tokens_each_step_appends(tmp_path):
     traces = load_traces([uniform_trace(tmp_path, 8, drafted=8, accepted=8)])
     base_us = {1: 200.0, 256: 2000.0}
     base = rows("p fixed", base_us) + rows("p adaptive", base_us)
-    grows = [r for t, x in ((1.0, 0.5), (9.0, 10.0)) for p in ("p fixed", "p adaptive")
+    grows = [r for t, x in ((2.0, 0.5), (9.0, 10.0)) for p in ("p fixed", "p adaptive")
              for r in rows(p, {b: x * us for b, us in base_us.items()}, tokens=t)]
-    flat = [r for t in (1.0, 9.0) for p in ("p fixed", "p adaptive") for r in rows(p, base_us, tokens=t)]
+    flat = [r for t in (2.0, 9.0) for p in ("p fixed", "p adaptive") for r in rows(p, base_us, tokens=t)]
 
     def goodput(growth_rows):
-        host = HostTime(base, "p", growth_rows=growth_rows)
+        host = None if growth_rows is None else HostTime(base, "p", growth_rows=growth_rows)
         return policy_sim.run(traces, cost, [256], 8, 20, 0, host=host)["goodput"]
 
-    plain, grown = goodput(()), goodput(grows)
+    plain, grown, untimed = goodput(()), goodput(grows), goodput(None)
     assert grown["static_8"][0] < 0.9 * plain["static_8"][0]  # 9 tokens a step appended: 10x the host time
-    assert grown["static_0"][0] > plain["static_0"][0]  # 1 token a step: half the base's host time
+    assert grown["static_1"][0] > plain["static_1"][0]  # 2 tokens a step: half the base's host time
+    assert plain["static_1"][0] < untimed["static_1"][0]  # drafting at all pays the drafting step's host time
+    assert grown["static_0"][0] == plain["static_0"][0] == untimed["static_0"][0]  # no speculation: none of it
     assert goodput(flat) == plain
 
 

@@ -1,5 +1,6 @@
 """vLLM 0.34 (Model Runner V2) logic with plain objects, no vLLM 0.34 needed: our settings in `speculator_options`,
-the config forms each vLLM version takes, the front-end check's one-line errors, and the fixed-width drafts.
+the config forms each vLLM version takes, the front-end check's one-line errors, and the speculator's host step
+(the runner's rows as the drafting layer's columns, the fixed-width drafts).
 The same pieces against vLLM 0.34.0's own code: integration_tests/test_vllm_contract.py (`-k mrv2`)."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 from spec_plugins.core import BatchDrafts
-from spec_plugins.vllm import plugin
+from spec_plugins.vllm import _rows, plugin
 from spec_plugins.vllm.settings import (
     MRV2_CONFIGS, MRV2_METHODS, engine_config, on_model_runner_v2, settings_from_speculator_options,
 )
@@ -143,11 +144,38 @@ def test_write_padded_puts_each_draft_over_its_row_and_keeps_the_filler():
     out = np.full((5, 4), -5, dtype=np.int64)
     out[[1, 3, 4]] = np.array([[11], [33], [44]])
     conf = np.zeros((5, 4), dtype=np.float32)
-    drafts.write_padded(out, np.array([1, 3, 4]), confidence_out=conf)
+    _rows.write_padded(out, np.array([1, 3, 4]), drafts.tokens, drafts.offsets, drafts.confidence, conf)
     assert out[1].tolist() == [7, 8, 9, 11] and out[3].tolist() == [33] * 4 and out[4].tolist() == [4, 44, 44, 44]
     assert out[0].tolist() == [-5] * 4  # rows not named are untouched
     assert conf[1].tolist() == pytest.approx([0.9, 0.5, 0.2, 0.0]) and conf[4, 0] == pytest.approx(0.7)
-    plain = BatchDrafts(np.array([1, 2]), np.array([0, 2]))
-    conf = np.zeros((1, 4), dtype=np.float32)
-    plain.write_padded(np.zeros((1, 4), dtype=np.int64), np.array([0]), confidence_out=conf)
-    assert conf[0].tolist() == [1.0, 1.0, 0.0, 0.0]  # drafted without confidences: kept; filler: trimmed first
+    plain = BatchDrafts(np.array([1, 2], dtype=np.int32), np.array([0, 2]))
+    out, conf = np.zeros((2, 4), dtype=np.int64), np.zeros((2, 4), dtype=np.float32)
+    _rows.write_padded(out, None, plain.tokens, plain.offsets, None, conf)  # rows None: draft i on row i
+    assert out[0].tolist() == [1, 2, 0, 0] and conf[0].tolist() == [1.0, 1.0, 0.0, 0.0]  # no confidences: kept
+    with pytest.raises(ValueError, match="drafts: a draft longer than the buffer is wide"):
+        _rows.write_padded(np.zeros((1, 1), dtype=np.int64), None, plain.tokens, plain.offsets, None, None)
+    with pytest.raises(ValueError, match="drafts buffer: expected a writable C-contiguous"):
+        _rows.write_padded(np.zeros((2, 4), dtype=np.int32), None, plain.tokens, plain.offsets, None, None)
+
+
+def test_runner_v2_rows_grow_the_lengths_write_the_filler_and_give_the_layer_its_columns():
+    """Model Runner V2's step on the host: slots 0-3 of a runner with max_model_len 8 (history 10 wide), K = 3."""
+    history = np.arange(40, dtype=np.int32).reshape(4, 10)
+    total = np.array([3, 5, 9, 2], dtype=np.int64)
+    warmup = np.array([False, False, False, True])
+    out, conf = np.full((5, 3), -1, dtype=np.int64), np.full((5, 3), 0.5, dtype=np.float32)
+    # batch row 0: a prefill chunk in progress (nothing sampled); 1, 2: decoding; 3: vLLM's warm-up request
+    slots, sampled, rejected = np.array([2, 0, 1, 3]), np.array([0, 2, 1, 1], np.int32), np.array([0, 1, 2, 0], np.int32)
+    rows, history_rows, lens, new, accepted, caps, verified, present = _rows.runner_v2_rows(
+        slots, sampled, rejected, total, history, warmup, out, conf, 8, 3)
+    assert total.tolist() == [5, 6, 9, 3]  # + sampled, at each request's slot
+    assert out[:4, 0].tolist() == [28, 4, 15, 32] and (out[:4] == out[:4, :1]).all()  # the last token, all across
+    assert out[4].tolist() == [-1] * 3 and (conf[:4] == 0).all() and (conf[4] == 0.5).all()  # only rows 0..n
+    assert rows.tolist() == [1, 2] and present.tolist() == [0] and history_rows.tolist() == [0, 1]
+    assert lens.tolist() == [5, 6] and new.tolist() == [2, 1] and accepted.tolist() == [1, 0]
+    assert caps.tolist() == [2, 1] and verified.tolist() == [2, 2]  # caps: room before max_model_len - 1
+    rows, history_rows, *_, verified, present = _rows.runner_v2_rows(
+        np.array([0, 1]), np.array([1, 1]), None, total, history, warmup, out, None, 8, 3)
+    assert rows is None and present is None and verified is None and history_rows.tolist() == [0, 1]
+    with pytest.raises(ValueError, match="slots: request slot out of range"):
+        _rows.runner_v2_rows(np.array([4]), np.array([1]), None, total, history, warmup, out, None, 8, 3)

@@ -32,7 +32,8 @@ appends at that step (what the policy's previous step emitted per request; `--ho
 `spec_plugins.bench.host_time`): a suffix tree's appends, and vLLM `suffix`'s, cost more when more is
 accepted; the adaptive policy's own work over the `fixed` path grows only as its paired measurements show. It
 replaces the cost model's own per-request drafting estimate (`--draft-us`), which then applies
-only with `--host-time none`.
+only with `--host-time none`. `static_0` is no speculation: no drafter runs, so it is charged no drafting host
+time (the engine's own, below, it pays as every policy does).
 
 The engine's own host time: every step is also charged what vLLM's V1 runner with synchronous scheduling
 spends between two forwards (`--engine-host-time`, a `python -m spec_plugins.bench.engine_host_time`
@@ -129,15 +130,24 @@ def batch_schedule(requests: list[TraceRequest], batch: int, num_steps: int, see
     return steps
 
 
-class VerifiesSlots:
+class StaticLength:
+    """`static_<D>`: every request's draft cut to D tokens; D = 0 is no speculation (no drafter runs: no drafting
+    host time)."""
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+        self.host_path = "fixed" if width > 0 else None
+
+    def __call__(self, drafted: np.ndarray, accepted: np.ndarray) -> np.ndarray:
+        return np.full(len(drafted), self.width)
+
+
+class VerifiesSlots(StaticLength):
     """Model Runner V2 without adaptive verification: every one of the `width` slots is verified, filler included
     (vLLM 0.34 pads a short draft with the last token). Traces for it come from `replay --accounting mrv2`, whose
     `accepted` counts filler the target happened to accept; a narrower width than the trace's takes the first
     `width` slots of each step (the drafter's first tokens at a smaller K, which a voting drafter such as vLLM's
     `suffix` may choose differently)."""
-
-    def __init__(self, width: int) -> None:
-        self.width = width
 
     def verify(self, keys: Sequence[str], confidences: Sequence[list[float] | None], drafted: np.ndarray,
                accepted: np.ndarray, context: list[int]) -> np.ndarray:
@@ -226,8 +236,9 @@ def simulate(requests: list[TraceRequest], steps, cost, policies: dict[str, Any]
             emitted = 1 + np.minimum(accepted, keep)
             tokens[name] += float(np.sum(emitted))
             step = cost.step_time([int(x) for x in keep], context)
-            if host is not None:  # this step's drafting appended what the step before emitted
-                path = getattr(pol, "host_path", "adaptive" if getattr(pol, "trim", None) else "fixed")
+            # this step's drafting appended what the step before emitted; host_path None: no drafter runs
+            path = getattr(pol, "host_path", "adaptive" if getattr(pol, "trim", None) else "fixed")
+            if host is not None and path is not None:
                 step += host.seconds(path, len(recs), appended[name])
             if engine is not None:
                 step += engine.seconds(len(recs), 1.0 + float(np.mean(keep)))
@@ -347,7 +358,7 @@ def run(traces: list[dict], cost, batch_sizes: list[int], max_draft: int, num_st
     goodput: dict[str, list[float]] = {}
     for b in batch_sizes:
         steps = batch_schedule(requests, b, num_steps, seed)
-        policies: dict[str, Any] = {f"static_{d}": (lambda dr, ac, d=d: np.full(len(dr), d)) for d in range(max_draft + 1)}
+        policies: dict[str, Any] = {f"static_{d}": StaticLength(d) for d in range(max_draft + 1)}
         if not static_only:
             policies["schedule"] = lambda dr, ac, d=schedule_for_batch(the_plan, b): np.full(len(dr), d)
             policies["hindsight"] = lambda dr, ac: ac

@@ -50,6 +50,7 @@ from vllm.v1.worker.gpu.spec_decode.speculator import BaseSpeculator
 from spec_plugins.core import BindsModel, ResolvesCost
 from spec_plugins.drafting import DraftingLayer
 from spec_plugins.slots import RowRange
+from spec_plugins.vllm import _rows
 from spec_plugins.vllm.proposer import StepTrace, engine_device
 from spec_plugins.vllm.settings import OPTIONS_FIELD, settings_from_speculator_options
 
@@ -99,6 +100,7 @@ class SpecPluginsSpeculator(BaseSpeculator):
 
         self._sync_allowed = gpu_sync_allowed
         pinned = self.device.type != "cpu" and torch.cuda.is_available()
+        self._host_device = self.device.type == "cpu"  # vLLM's CPU platform: every tensor is host memory
         self._host_out = torch.zeros((max_reqs, k), dtype=torch.int64, pin_memory=pinned)
         self._out = self._host_out if self.device.type == "cpu" else torch.zeros((max_reqs, k), dtype=torch.int64,
                                                                                    device=self.device)
@@ -218,7 +220,9 @@ class SpecPluginsSpeculator(BaseSpeculator):
         ids = list(input_batch.req_ids[:n])
         rated = self.enable_adaptive_verification  # vLLM may verify fewer slots than drafted: count them
         order = self.stream_order
-        if order is None:
+        if order is None and self._host_device:  # host memory, written by the step's (synchronous) ops: read it
+            self._draft(n, k, slots, ids, num_sampled.numpy(), num_rejected.numpy() if rated else None)
+        elif order is None:
             with self._sync_allowed():  # the step's one sync: after it, this step's tokens are in the host history
                 if rated:
                     both = torch.stack((num_sampled[:n], num_rejected[:n].to(num_sampled.dtype))).to("cpu").numpy()
@@ -268,35 +272,27 @@ class SpecPluginsSpeculator(BaseSpeculator):
 
     def _draft(self, n: int, k: int, slots: np.ndarray, ids: list, sampled: np.ndarray,
                rejected: np.ndarray | None) -> None:
-        """The step's host work, once this step's tokens are in the host history: the drafts into `_host_out[:n]`
-        (and the confidences into `_host_conf[:n]`), filler where there is none."""
+        """The step's host work, once this step's tokens are in the host history (`sampled`, `rejected`: the
+        runner's counts of batch rows 0..n, int32 or int64): the drafts into `_host_out[:n]` (and the confidences
+        into `_host_conf[:n]`), filler where there is none."""
         start = time.perf_counter() if self._trace is not None else 0.0
-        totals = self.total_len[slots] + sampled
-        self.total_len[slots] = totals
         out = self._host_out.numpy()
-        out[:n] = self.history[slots, totals - 1][:, None]  # filler: the last token, as vLLM's own speculators
         conf = self._host_conf.numpy() if self.enable_adaptive_verification else None
-        if conf is not None:
-            conf[:n] = 0.0  # filler is trimmed first
-        live = sampled > 0
-        warm = self.warmup[slots]
-        if live.all() and not warm.any():  # the usual step: every row decodes
-            rows, live_ids, present = self._all_rows(n), ids, ()
+        # the host mirror of the lengths, the filler (the last token, as vLLM's own speculators) and the drafting
+        # layer's columns, in one compiled call; rows None: every row decodes (the usual step)
+        rows, history_rows, lens, new, accepted, caps, verified, present_rows = _rows.runner_v2_rows(
+            slots, sampled, rejected, self.total_len, self.history, self.warmup, out, conf, self.max_model_len, k)
+        if rows is None:
+            live_ids, present = ids, ()
         else:
-            live &= ~warm
-            rows = np.flatnonzero(live)
             live_ids = [ids[i] for i in rows.tolist()]
-            present = [ids[i] for i in np.flatnonzero(~live & ~warm).tolist()]  # prefill chunks in progress
-        lens, new = totals[rows], sampled[rows]
-        accepted = new - 1
-        caps = np.minimum(np.maximum(self.max_model_len - 1 - lens, 0), max(k, 0))
+            present = [ids[i] for i in present_rows.tolist()]  # prefill chunks in progress
         # rated: a policy that rates drafts (core.RatesDrafts) hands its calibrated estimates, for vLLM's trim
-        drafts = self.drafting.step(live_ids, self.history, lens, rows=slots[rows], num_new=new,
-                                    accepted=accepted, max_draft=caps, present=present,
-                                    verified=None if rejected is None else accepted + rejected[rows],
-                                    rated=conf is not None)
-        drafts.write_padded(out, rows, confidence_out=conf)
-        self.last_drafted = (rows, drafts.lengths)  # batch rows that drafted, and how many tokens each (not filler)
+        drafts = self.drafting.step(live_ids, self.history, lens, rows=history_rows, num_new=new, accepted=accepted,
+                                    max_draft=caps, present=present, verified=verified, rated=conf is not None)
+        _rows.write_padded(out, rows, drafts.tokens, drafts.offsets, drafts.confidence, conf)
+        # batch rows that drafted, and how many tokens each (not filler)
+        self.last_drafted = (self._all_rows(n) if rows is None else rows, drafts.lengths)
         if self._trace is not None:
             self._trace.step(live_ids, start, drafts.lengths, accepted)
 
