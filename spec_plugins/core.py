@@ -369,6 +369,19 @@ class ObservesStepTime(Protocol):
 
 
 @runtime_checkable
+class PausesDrafting(Protocol):
+    """A policy that pauses drafting where drafting at all does not pay for the drafting step's own host time. The
+    drafting layer asks `drafts_this_step(batch_size)` before its proposer runs: False, and neither the proposer
+    nor the trim runs and no request drafts; the tokens appended meanwhile reach the proposer at the next step that
+    drafts (its `num_new`). A layer given a clock reports the host seconds of each step's proposer and trim
+    (`observe_drafting_seconds`)."""
+
+    def drafts_this_step(self, batch_size: int) -> bool: ...
+
+    def observe_drafting_seconds(self, seconds: float) -> None: ...
+
+
+@runtime_checkable
 class BatchCapped(Protocol):
     """A policy with a batch-level limit: the most draft tokens one request may get at this batch size
     (None: no limit). Engines that set one draft length for the whole step (TensorRT-LLM) read it."""

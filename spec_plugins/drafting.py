@@ -30,7 +30,7 @@ import numpy as np
 from spec_plugins import _ledger
 from spec_plugins.core import (
     BatchDrafts, BatchPolicy, BatchProposer, BindsModel, DraftBatch, DraftLengthPolicy, DraftRequest, HasStats,
-    FixedLength, LoadsTarget, ObservesStepTime, Proposer, RatesDrafts, ReqId, RunsBesideEngine,
+    FixedLength, LoadsTarget, ObservesStepTime, PausesDrafting, Proposer, RatesDrafts, ReqId, RunsBesideEngine,
     ShapesDraftsForRunner, TrimsDrafts, apply_policy, check_cap, check_drafts,
 )
 from spec_plugins.slots import RequestSlots
@@ -61,9 +61,11 @@ class DraftingLayer:
         self.stale_steps = check_cap(stale_steps, "stale_steps")
         self.on_finish = on_finish
         # last_step: the last step the request was in the batch; seen_len: the context length last handed
-        # to the proposer; drafted: the last draft's length, until its verification is reported.
+        # to the proposer; drafted: the last draft's length, until its verification is reported; unseen: tokens
+        # appended while drafting was paused (core.PausesDrafting), handed to the proposer when it next drafts.
         self._ledger = RequestSlots(last_step=((), np.int64, 0), seen_len=((), np.int64, 0),
-                                    drafted=((), np.int64, 0))
+                                    drafted=((), np.int64, 0), unseen=((), np.int64, 0))
+        self._has_unseen = False
         self.step_count = 0
         self.num_finished = 0  # requests whose state was freed (finished, preempted or stale)
         # With time_proposer on (the vLLM trace, the step-overhead benchmark), proposer_seconds is the last step's
@@ -91,6 +93,7 @@ class DraftingLayer:
         self._policy = policy
         self._batch_policy = isinstance(policy, BatchPolicy)
         self._rates_drafts = self._batch_policy and isinstance(policy, RatesDrafts)  # step(rated=True) asks it
+        self._pauses = isinstance(policy, PausesDrafting)
         # The engines' default (`fixed` without a cap of its own) caps nothing, trims nothing and learns nothing:
         # its three calls a step are skipped (at batch 1 the step is a few microseconds of such calls).
         self._passes_through = type(policy) is FixedLength and policy.max_draft is None
@@ -210,12 +213,24 @@ class DraftingLayer:
             self._report(*reports)
         if len(ledger) > n + (self.touch(present) if present else 0):  # a tracked request is absent from this step
             self.sweep()
+        if self._pauses and n and not self.policy.drafts_this_step(n):  # drafting paused: nothing runs, nothing drafts
+            cols["unseen"][slots] += grown
+            self._has_unseen = True
+            cols["drafted"][slots] = 0
+            return BatchDrafts(np.zeros(0, dtype=np.int64), np.zeros(n + 1, dtype=np.int64))
+        if self._has_unseen:  # what was appended during a pause reaches the proposer now
+            unseen = cols["unseen"]
+            grown = np.minimum(grown + unseen[slots], lens)
+            unseen[slots] = 0
+            self._has_unseen = bool(unseen.any())
         caps = np.asarray(max_draft, dtype=np.int64)
         if caps.ndim == 0:  # one cap for all
             caps = np.full(n, caps)
         batch = DraftBatch(req_ids, contexts, lens, grown, caps, rows=rows, features=features)
         if n == 0:
             return BatchDrafts(np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64))
+        timed = self._pauses and self.clock is not None
+        start = self.clock() if timed else 0.0
         if passes_through:
             drafts = self._propose(batch, None)
         else:
@@ -223,6 +238,8 @@ class DraftingLayer:
             # without a batched path all see the same DraftRequests.
             requests = self._caps(batch)
             drafts = self._trim(batch, self._propose(batch, requests), requests, rated)
+        if timed:  # what a paused step does not spend
+            self.policy.observe_drafting_seconds(self.clock() - start)
         cols["drafted"][slots] = drafts.lengths
         return drafts
 
@@ -255,6 +272,7 @@ class DraftingLayer:
         if slot is None:
             return False
         self._ledger["last_step"][slot] = _NEVER_STALE  # a free slot is not swept again
+        self._ledger["unseen"][slot] = 0
         self.proposer.finish(req_id)
         self.policy.finish(req_id)
         self.num_finished += 1

@@ -495,7 +495,7 @@ class NumpyAdaptive(AdaptiveLength):
         else:
             self.requests["kept"][slots, : conf.shape[1]] = conf
             self.requests["kept_len"][slots] = lengths
-        return lengths, tau, self.cost.step_time(lengths, context), extra
+        return lengths, tau, self.cost.step_time(lengths, context), extra, no_draft_step_time(self.cost, context)
 
     def observe_batch(self, req_ids, drafted, accepted):
         drafted = np.asarray(drafted, dtype=np.int64)

@@ -204,6 +204,75 @@ def test_layer_reports_only_the_slots_the_engine_verified():
     assert pol.observed[2:] == [("a", 1, 0), ("b", 3, 2), ("d", 3, 3)]
 
 
+class Pausing(Recorder):
+    """A policy that pauses drafting on the steps `paused` names (core.PausesDrafting)."""
+
+    def __init__(self, paused):
+        super().__init__()
+        self.paused, self.asked, self.seconds = set(paused), 0, []
+
+    def drafts_this_step(self, batch_size):
+        self.asked += 1
+        return self.asked not in self.paused
+
+    def observe_drafting_seconds(self, seconds):
+        self.seconds.append(seconds)
+
+
+def test_a_paused_step_runs_no_proposer_and_the_next_hands_it_every_token_since():
+    """Steps 2 and 3 paused: no proposer call and no drafts; step 4 gives each request every token appended since
+    the proposer last saw it (b, new during the pause: its whole context), and the drafting seconds are reported
+    for the steps that drafted only."""
+    prop, pol = Recorder(), Pausing(paused={2, 3})
+    ticks = iter(range(100))
+    layer = DraftingLayer(prop, pol, clock=lambda: float(next(ticks)))
+    layer.step(["a"], [[1, 2, 3]], [3], max_draft=3)
+    for ctx in ([[1, 2, 3, 4, 5], [7, 7, 7, 7]], [[1, 2, 3, 4, 5, 6], [7, 7, 7, 7, 8]]):
+        out = layer.step(["a", "b"], ctx, [len(c) for c in ctx], num_new=np.array([2, 4]) if len(ctx[0]) == 5
+                         else np.array([1, 1]), max_draft=3, accepted=[1, -1])
+        assert out.lists() == [[], []]
+    assert len(prop.requests) == 1
+    assert pol.observed == [("a", 3, 1)]  # the draft before the pause is still reported
+    ctx = [[1, 2, 3, 4, 5, 6, 9], [7, 7, 7, 7, 8, 8]]
+    out = layer.step(["a", "b"], ctx, [7, 6], num_new=np.array([1, 1]), max_draft=3, accepted=[-1, -1])
+    assert prop.requests[-1] == [("a", 7, 4, 3), ("b", 6, 6, 3)] and out.lists() == [[0, 1, 2], [0, 1, 2]]
+    layer.step(["a", "b"], [c + [1] for c in ctx], [8, 7], num_new=np.array([1, 1]), max_draft=3)
+    assert prop.requests[-1] == [("a", 8, 1, 3), ("b", 7, 1, 3)]  # caught up: one token each again
+    assert len(pol.seconds) == 3 and all(s > 0 for s in pol.seconds)  # steps 1, 4 and 5
+
+
+def test_drafting_pauses_where_it_does_not_pay_and_probes_ever_less_often():
+    """DraftingPause: after min_steps drafting steps whose expected tokens per second fall short of the same steps
+    with no drafter, a pause of `first` steps; a probe that still finds drafting does not pay, a pause twice as
+    long (up to `longest`); a probe that finds it pays, drafting again. A batch size twice as large or small starts
+    the sums over."""
+    from spec_plugins.policy.adaptive import DraftingPause
+
+    pause = DraftingPause(0.9, min_steps=3, first=2, longest=8)
+
+    def drafting_steps():
+        steps = 0
+        while pause.drafts():
+            steps += 1
+            pause.weigh(16, 17.0, 1.2, 1.0)  # 17 tokens in 1.2 s against 16 in 1.0 s: does not pay
+        return steps
+
+    assert drafting_steps() == 3  # min_steps, then the pause
+    assert [pause.drafts() for _ in range(2)] == [False, True]
+    for length in (4, 8, 8):  # each probe finds it still does not pay
+        pause.weigh(16, 17.0, 1.2, 1.0)
+        assert [pause.drafts() for _ in range(length)] == [False] * length and pause.drafts()
+    pause.weigh(16, 24.0, 1.2, 1.0)  # the probe pays: drafting resumes, the next pause is short again
+    assert pause.drafts() and pause.length == 2
+    pause.weigh(16, 17.0, 1.2, 1.0)
+    pause.weigh(64, 17.0, 1.2, 1.0)  # another load: the sums start over, min_steps again
+    pause.weigh(64, 200.0, 1.2, 1.0)
+    assert pause.steps == 2 and pause.drafts()
+    for _ in range(5):  # drafting that pays (over the steps since the load changed) never pauses
+        pause.weigh(64, 200.0, 1.2, 1.0)
+        assert pause.drafts()
+
+
 def test_batch_drafts_with_survival_gives_the_implied_conditional_confidences():
     drafts = BatchDrafts.from_drafts([Draft([5, 6, 7], confidence=[0.9, 0.9, 0.9]), Draft([]), Draft([8, 9], confidence=[0.7, 0.7])])
     rated = drafts.with_survival(np.array([[0.8, 0.4, 0.1], [1.0, 1.0, 1.0], [0.5, 0.0, 0.0]]))

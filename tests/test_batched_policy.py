@@ -334,11 +334,16 @@ def test_trim_rated_gives_the_kept_drafts_what_survival_then_with_survival_give_
 class FixedOffset:
     """A step-time fit whose offset is given (what AdaptiveLength reads of StepTimeFit each step)."""
 
+    fitted = True  # a measured offset
+
     def __init__(self, seconds):
         self.seconds = seconds
 
     def offset(self, lowest=0.0):
         return max(self.seconds, lowest)
+
+    def slope(self):
+        return 1.0
 
 
 @pytest.mark.parametrize("name,cost", list(costs()) + [("measured-cpu-contexts", MeasuredCost(str(CPU_CONTEXTS)))],

@@ -125,6 +125,48 @@ def test_simulator_charges_host_time_by_the_tokens_each_step_appends(tmp_path):
     assert goodput(flat) == plain
 
 
+def test_simulator_charges_a_paused_step_no_drafting_and_the_step_after_it_the_catch_up(tmp_path):
+    """A policy that pauses drafting (core.PausesDrafting) for four steps: those steps pay no drafting host time, the
+    step that ends the pause pays an ordinary step's plus the catch-up of the four tokens appended meanwhile
+    (CatchUpTime, over the ordinary step's one), and the policy is told each drafting step's seconds, as an engine's
+    clock would tell it."""
+    from spec_plugins.bench import policy_sim
+    from spec_plugins.bench.host_time import CatchUpTime
+    from spec_plugins.traces import load_traces
+    from test_policy_planner import FlatCost, uniform_trace
+
+    class PausesFourSteps:
+        def __init__(self):
+            self.step, self.seconds = 0, []
+
+        def drafts_this_step(self, batch_size):
+            self.step += 1
+            return not 3 <= self.step <= 6
+
+        def observe_drafting_seconds(self, seconds):
+            self.seconds.append(seconds)
+
+        def trim(self, requests, drafts):
+            return [0] * len(requests)
+
+        def observe(self, req_id, drafted, accepted):
+            pass
+
+    traces = load_traces([uniform_trace(tmp_path, 4, drafted=4, accepted=4)])
+    host = HostTime(rows("p fixed", {1: 200.0, 256: 200.0}) + rows("p adaptive", {1: 200.0, 256: 200.0}), "p")
+    host.catchup = CatchUpTime([{"batch": 1, "tokens": 1, "over_one_token_ms": 0.0},
+                                {"batch": 1, "tokens": 9, "over_one_token_ms": 0.8}])
+    requests = policy_sim.trace_requests(traces)
+    steps = policy_sim.batch_schedule(requests, 1, 10, 0)[:10]
+    assert all(len(batch) == 1 for batch, _ in steps) and not any(ends for _, ends in steps[:7])
+    pausing = PausesFourSteps()
+    goodput = policy_sim.simulate(requests, steps, FlatCost(), {"p": pausing, "static_0": policy_sim.StaticLength(0)},
+                                  host)
+    assert pausing.seconds == pytest.approx([200e-6] * 2 + [200e-6 + 0.4e-3] + [200e-6] * 3)  # 4 tokens behind: 0.4 ms
+    tokens = 10.0  # neither keeps a draft: one token a step each
+    assert tokens / goodput["p"] - tokens / goodput["static_0"] == pytest.approx(sum(pausing.seconds))
+
+
 def test_engine_host_time_interpolates_by_batch_and_tokens():
     from spec_plugins.bench.engine_host_time import split
     from spec_plugins.bench.host_time import EngineHostTime

@@ -62,6 +62,7 @@ class HostTime:
     def __init__(self, rows: list[dict], proposer: str, source: str = "measurement",
                  growth_rows: Sequence[dict] = (), growth_sources: Sequence[str] = ()) -> None:
         self.proposer, self.source = proposer, source
+        self.catchup: CatchUpTime | None = None  # the step after a pause (`catchup_seconds`); None: not charged
         self.growth_sources = list(growth_sources)  # the measurements growth_rows came from
         self._curves: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         # policy -> (log2 batches, per batch: (tokens, time / the base time) of the curve at that batch)
@@ -111,6 +112,11 @@ class HostTime:
         """`path`: the base measurement; `growth`: measurements with tokens per request (none: the base alone)."""
         return cls(_read(path), proposer, source=str(path), growth_rows=[r for g in growth for r in _read(g)],
                    growth_sources=[str(g) for g in growth])
+
+    def catchup_seconds(self, batch: int, backlog: float) -> float:
+        """What the step that ends a pause adds for `backlog` tokens a request appended during it (`catchup`, a
+        CatchUpTime; 0 without one)."""
+        return 0.0 if self.catchup is None else self.catchup.seconds(batch, backlog)
 
     def seconds(self, policy: Literal["fixed", "adaptive"], batch: int, tokens: float | None = None) -> float:
         """Host seconds of one step of `batch` requests; tokens: what each appends on average this step (None:
@@ -258,3 +264,52 @@ class Mrv2HostTime:
     def seconds(self, policy: Literal["fixed", "adaptive"], batch: int, tokens: float | None = None) -> float:
         batches, extra = self._extra.get(policy, self._extra["fixed"])
         return self.base.seconds(policy, batch, tokens) + float(np.interp(batch, batches, extra))
+
+    def catchup_seconds(self, batch: int, backlog: float) -> float:
+        return self.base.catchup_seconds(batch, backlog)
+
+
+CATCHUP_DEFAULT = FOLDER / "cpu2-catchup.json"
+
+
+class CatchUpTime:
+    """What the drafting step that ends a pause adds to an ordinary one: the proposer handed `backlog` more tokens a
+    request than a step appends (`python -m spec_plugins.bench.catchup`: the step with g tokens new a request over the
+    step with 1, at a few batch sizes). Linear in the backlog between the measured counts and along the last segment
+    past them; linear in the batch size between those measured, by the largest one's time per request past it, the
+    smallest one's below it.
+
+    The growth measurements `HostTime.seconds(..., tokens)` reads come from steps in which ~15 tokens a request
+    were accepted, so they hold the deeper searches of long matches as well as the appends: extrapolated to a
+    backlog of 128 tokens they charge 105 ms at B = 256, where the measured catch-up is 12 ms."""
+
+    def __init__(self, rows: list[dict], source: str = "measurement") -> None:
+        self.source = source
+        by_batch: dict[int, list[tuple[float, float]]] = {}
+        for r in rows:
+            by_batch.setdefault(int(r["batch"]), []).append((float(r["tokens"]) - 1.0, float(r["over_one_token_ms"]) * 1e-3))
+        if not by_batch or any(len(v) < 2 for v in by_batch.values()):
+            raise ValueError(f"catch-up time {source}: expected at least two token counts at each batch size")
+        self._batches = np.array(sorted(by_batch), dtype=float)
+        self._curves = [tuple(np.array(x) for x in zip(*sorted(by_batch[int(b)]))) for b in self._batches]
+
+    @classmethod
+    def load(cls, path: str | Path = CATCHUP_DEFAULT) -> "CatchUpTime":
+        return cls(_read(path), source=str(path))
+
+    def seconds(self, batch: int, backlog: float) -> float:
+        if backlog <= 0.0:
+            return 0.0
+        at = [_along_extrapolated(x, y, backlog) for x, y in self._curves]
+        if batch >= self._batches[-1]:
+            return at[-1] * batch / self._batches[-1]
+        return float(np.interp(batch, self._batches, at))
+
+
+def _along_extrapolated(x: np.ndarray, y: np.ndarray, at: float) -> float:
+    """The piecewise-linear curve through (x, y) at `at`, the last segment continued past the last point."""
+    if at <= x[-1]:
+        return float(np.interp(at, x, y))
+    slope = (y[-1] - y[-2]) / (x[-1] - x[-2]) if x[-1] > x[-2] else 0.0
+    return float(y[-1] + slope * (at - x[-1]))
+

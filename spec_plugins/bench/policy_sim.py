@@ -53,7 +53,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from spec_plugins.core import BatchDrafts, Draft, DraftBatch, DraftRequest
+from spec_plugins.core import BatchDrafts, Draft, DraftBatch, DraftRequest, PausesDrafting
 from spec_plugins.policy.planner import AcceptanceStats, plan, schedule_for_batch
 from spec_plugins.traces import load_traces
 
@@ -175,6 +175,10 @@ class AdaptiveVerification(VerifiesSlots):
         b, w = len(drafted), self.width
         lengths = np.minimum(drafted, w)
         if self.policy is not None:
+            self.host_path = "adaptive"
+            if not self.policy.drafts_this_step(b):  # paused: no drafter runs, nothing is verified beyond a token
+                self.host_path = None
+                return np.zeros(b, dtype=int)
             drafts = BatchDrafts.from_drafts([Draft([0] * int(n), confidence=None if c is None else c[:n])
                                               for c, n in zip(confidences, lengths.tolist())])
             reqs = [DraftRequest(key, range(c), 1, w) for key, c in zip(keys, context)]
@@ -208,22 +212,29 @@ class AdaptiveVerification(VerifiesSlots):
 def simulate(requests: list[TraceRequest], steps, cost, policies: dict[str, Any],
              host: Any = None, engine: Any = None) -> dict[str, float]:
     """Goodput (tokens per modelled second) of each policy over the same steps; `host` (a HostTime) adds
-    the drafting step's host time to every step, for the tokens each request appends there (what that
-    policy's previous step emitted); `engine` (an EngineHostTime) the engine's own host time of a step of that
-    many requests and verified tokens. A policy that learns from measured step times (`step_overhead:
-    measured`) is told each of its steps' whole simulated time, as an engine would tell it."""
+    the drafting step's host time to every step the drafter runs, for the tokens each request appends there (what
+    that policy emitted for it since its drafter last ran: the step before's, or everything since a pause began);
+    `engine` (an EngineHostTime) the engine's own host time of a step of that many requests and verified tokens. A
+    policy that learns from measured step times (`step_overhead: measured`) is told each of its steps' whole
+    simulated time, as an engine would tell it."""
     tokens = {name: 0.0 for name in policies}
     seconds = {name: 0.0 for name in policies}
-    appended: dict[str, float | None] = {name: None for name in policies}  # per request, the step before's tokens
+    # per policy, per request: the tokens emitted since its drafter last ran (what the next drafting step appends),
+    # and at its last step (what an ordinary step appends; the rest is a pause's backlog)
+    unseen: dict[str, dict[str, float]] = {name: {} for name in policies}
+    last: dict[str, dict[str, float]] = {name: {} for name in policies}
     for batch, ends in steps:
         recs = [(key, requests[i], k) for key, i, k in batch]
         drafted = np.array([r.drafted[k] for _, r, k in recs])
         accepted = np.array([r.accepted[k] for _, r, k in recs])
         context = [int(r.prompt_len + r.pos[k]) for _, r, k in recs]
         for name, pol in policies.items():
+            paused = False
             if isinstance(pol, VerifiesSlots):  # Model Runner V2: verified slots, filler included
                 keep = pol.verify([key for key, _, _ in recs], [r.confidence[k] for _, r, k in recs], drafted,
                                   accepted, context)
+            elif isinstance(pol, PausesDrafting) and not pol.drafts_this_step(len(recs)):
+                keep, paused = np.zeros(len(recs), dtype=int), True  # no drafter runs this step
             elif callable(pol):
                 keep = np.minimum(np.asarray(pol(drafted, accepted), dtype=int), drafted)
             else:
@@ -236,17 +247,33 @@ def simulate(requests: list[TraceRequest], steps, cost, policies: dict[str, Any]
             emitted = 1 + np.minimum(accepted, keep)
             tokens[name] += float(np.sum(emitted))
             step = cost.step_time([int(x) for x in keep], context)
-            # this step's drafting appended what the step before emitted; host_path None: no drafter runs
-            path = getattr(pol, "host_path", "adaptive" if getattr(pol, "trim", None) else "fixed")
+            # this step's drafting appended what the steps since the drafter last ran emitted; host_path None: no
+            # drafter runs (no speculation, or drafting paused)
+            path = None if paused else getattr(pol, "host_path", "adaptive" if getattr(pol, "trim", None) else "fixed")
+            pending, latest = unseen[name], last[name]
             if host is not None and path is not None:
-                step += host.seconds(path, len(recs), appended[name])
+                known = [key for key, _, _ in recs if key in pending]  # a request new here: its prompt, not modelled
+                ordinary = float(np.mean([latest[key] for key in known])) if known else None
+                drafting_s = host.seconds(path, len(recs), ordinary)
+                backlog = float(np.mean([pending[key] - latest[key] for key in known])) if known else 0.0
+                if backlog > 0.0:  # the step that ends a pause
+                    drafting_s += host.catchup_seconds(len(recs), backlog)
+                step += drafting_s
+                rater = getattr(pol, "policy", pol)
+                if isinstance(rater, PausesDrafting):  # as an engine's clock measures it
+                    rater.observe_drafting_seconds(drafting_s)
             if engine is not None:
                 step += engine.seconds(len(recs), 1.0 + float(np.mean(keep)))
             if getattr(pol, "observes_step_time", False):
                 pol.observe_step_interval(step)
             seconds[name] += step
-            appended[name] = float(np.mean(emitted))
+            for (key, _, _), e in zip(recs, emitted.tolist()):
+                pending[key] = e + (pending.get(key, 0.0) if path is None else 0.0)
+                latest[key] = e
         for name, pol in policies.items():
+            for key in ends:
+                unseen[name].pop(key, None)
+                last[name].pop(key, None)
             if getattr(pol, "finish", None):
                 for key in ends:
                     pol.finish(key)
@@ -257,7 +284,7 @@ def build_host_time(args, traces: list[dict]) -> Any:
     """The HostTime to charge (None with --host-time none), for the traces' proposer."""
     if args.host_time.strip().lower() == "none":
         return None
-    from spec_plugins.bench.host_time import DEFAULT, GROWTH, HostTime
+    from spec_plugins.bench.host_time import DEFAULT, GROWTH, CatchUpTime, HostTime
 
     proposers = {t.get("proposer") for t in traces}
     if len(proposers) != 1 or None in proposers:
@@ -271,7 +298,11 @@ def build_host_time(args, traces: list[dict]) -> Any:
     else:
         growth = tuple(p for p in growth_arg.split(",") if p.strip())
     try:
-        return HostTime.load(DEFAULT if args.host_time == "default" else args.host_time, proposers.pop(), growth)
+        host = HostTime.load(DEFAULT if args.host_time == "default" else args.host_time, proposer := proposers.pop(),
+                             growth)
+        if args.host_time == "default" and proposer == "suffix_tree":  # the step after a pause (measured for it)
+            host.catchup = CatchUpTime.load()
+        return host
     except ValueError as exc:
         raise ValueError(f"--host-time: {exc} (measure it with python -m spec_plugins.bench.step_overhead --json, "
                          "or pass --host-time none)") from None

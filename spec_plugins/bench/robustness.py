@@ -227,7 +227,7 @@ def summarize(cells: list[dict]) -> dict[str, Any]:
                 if c["headroom_captured"] is not None and c["hindsight_vs_best_static"] > 1.05]
     return {"cells": len(cells), "median": statistics.median(ratios), "worst": worst["adaptive_vs_best_static"],
             "worst_cell": {k: worst[k] for k in ("workload", "cost_model", "cap", "batch", "best_static")},
-            "below_0_99": sum(r < 0.99 for r in ratios),
+            "below_0_99": int(sum(r < 0.99 for r in ratios)),
             "mean_headroom_captured": statistics.mean(captured) if captured else None,
             "cells_with_headroom_over_5pct": len(captured)}
 

@@ -340,7 +340,8 @@ using i64_out = spec_plugins::CArray<std::int64_t, py::array::c_style>;
 // measured steps' fit: verified tokens dearer than modelled) is bounded by offset_cut times the step with no
 // drafts, read off the same curves.
 // Returns (lengths [n], expected tokens of the kept drafts, linear seconds, attention seconds, the offset as
-// bounded): what the policy's long-run rate adds up. The arithmetic is the numpy twin's
+// bounded, the linear and attention seconds of the same step with no drafts): what the policy's long-run rate
+// adds up, and what it weighs drafting at all against (AdaptiveLength's DraftingPause). The arithmetic is the numpy twin's
 // (tests/policy_reference.py, NumpyAdaptive).
 // conditional (None, or float64 [drafted tokens], the drafts' flat layout): filled with each token's conditional
 // acceptance estimate from the same survival, survival[j] / survival[j - 1] (0 where the one before is 0, and past
@@ -428,10 +429,9 @@ py::tuple trim_step(py::object conf_obj, i64 offsets, i64 drafted, py::object hi
   }
   Extras extras;
   read_extras(attention_obj, extras, n);
-  if (offset < 0.0) {  // bounded by offset_cut of the step with no drafts
-    if (curve.shape(0) <= n) throw py::value_error("allocate: the cost curve is shorter than the rows of this step");
-    offset = std::max(offset, -offset_cut * (overhead + curve.data()[n] + no_draft_extra(extras, n)));
-  }
+  if (curve.shape(0) <= n) throw py::value_error("allocate: the cost curve is shorter than the rows of this step");
+  const double bare = curve.data()[n] + no_draft_extra(extras, n);  // the step with no drafts, past its overhead
+  if (offset < 0.0) offset = std::max(offset, -offset_cut * (overhead + bare));  // bounded by offset_cut of it
   const double sunk = overhead + offset + draft_seconds;
   const Search q{sunk, greedy, min_gain, !rate_obj.is_none(), rate_obj.is_none() ? 0.0 : rate_obj.cast<double>(), budget};
   i64 out(n);
@@ -469,7 +469,7 @@ py::tuple trim_step(py::object conf_obj, i64 offsets, i64 drafted, py::object hi
       kl[sl[r]] = -1;
     }
   }
-  return py::make_tuple(out, tau, linear, attention, offset);
+  return py::make_tuple(out, tau, linear, attention, offset, bare);
 }
 
 }  // namespace

@@ -25,6 +25,12 @@ in-process against `vllm serve` with its scheduler, sampler and front end per st
 verified tokens against the real step. Where drafting has stopped, the steps no longer tell a slope from an
 offset, and the fit keeps the slope it last measured (so it neither drifts nor restarts drafting by itself).
 
+Where no draft pays for the drafting step itself (a compute-bound batch whose drafts are rarely accepted: each
+verified token costs about what it returns, and the proposer's search and appends are host time the step waits
+for), the policy pauses drafting (`DraftingPause`): the drafting layer then runs neither the proposer nor the trim,
+and hands the proposer what the requests appended at the next step that drafts. Pauses double while the probes
+that end them find drafting still does not pay.
+
 Drafts sampled from a draft distribution
 (`Draft.probs` set) are trimmed with the non-anticipating greedy search, deterministic drafts with the
 global one (see allocator.py). For sampled drafts a proposer's confidence at position j may depend on the
@@ -123,6 +129,7 @@ class AdaptiveLength:
         self.observes_step_time = opts.step_overhead == "measured"  # core.ObservesStepTime
         self._modelled: float | None = None
         self._last_modelled = self._last_tau = 0.0  # the last trimmed step's modelled seconds and expected tokens
+        self.pause = DraftingPause(opts.rate_decay)  # drafting paused where it does not pay (core.PausesDrafting)
         self._curves_of: StepCost | None = None  # the cost model `_curves` reads (allocator.curve_source)
         self._curves = None
         # Where the cost model came from (the engine's log names it); with no options, the prior is chosen from
@@ -222,14 +229,19 @@ class AdaptiveLength:
         tokens = len(drafts.tokens)  # bounds the longest draft without reading the lengths
         curves = self._curve_source()(n, n + tokens + 1, context, min(tokens, self.options.max_positions))
         # The fitted offset, bounded below by max_offset_cut of the step with no drafts where it is negative
-        lengths, tau, step, extra = self._trim_step(slots, drafts, search, context, curves,
-                                                    self.step_fit.offset(lowest=-np.inf), conditional)
+        lengths, tau, step, extra, bare = self._trim_step(slots, drafts, search, context, curves,
+                                                          self.step_fit.offset(lowest=-np.inf), conditional)
         # The long-run goodput the allocator weighs tokens against: modelled, over recent steps.
         d = self.options.rate_decay
         self._tau = d * self._tau + tau
         self._last_tau = tau
         self._modelled = self._last_modelled = step
         self._time = d * self._time + step + extra
+        # Drafting at all against the same step with no drafter: the drafting step's host time is what a pause saves.
+        # The fitted offset holds it where the engine's measured steps are fitted (they include it); else it is added.
+        fitted = self.observes_step_time and self.step_fit.fitted
+        host = self.pause.host_s / (self.step_fit.slope() if fitted else 1.0)  # measured seconds in modelled ones
+        self.pause.weigh(n, tau, step + extra + (0.0 if fitted else host), bare + extra - (host if fitted else 0.0))
         return lengths
 
     def _curve_source(self):
@@ -254,6 +266,14 @@ class AdaptiveLength:
                 "step_offset_ms": self.measured_overhead_s * 1e3, "tokens_per_s": 0.0 if rate is None else rate,
                 "modelled_ms": self._last_modelled * 1e3, "expected_tokens": float(self._last_tau)}
 
+    def drafts_this_step(self, batch_size: int) -> bool:
+        """False while drafting is paused (core.PausesDrafting; DraftingPause)."""
+        return self.pause.drafts()
+
+    def observe_drafting_seconds(self, seconds: float) -> None:
+        """The host seconds of the last step's drafting (proposer and trim), where the engine keeps time."""
+        self.pause.observe_host(seconds)
+
     def observe_step_interval(self, seconds: float) -> None:
         """The engine's whole step that verified the last trimmed drafts took `seconds` (core.ObservesStepTime)."""
         modelled, self._modelled = self._modelled, None  # each trimmed step is compared once
@@ -264,16 +284,16 @@ class AdaptiveLength:
     def _trim_step(self, slots: np.ndarray, drafts: BatchDrafts, search: str, context: np.ndarray,
                    curves: tuple, extra: float, conditional: np.ndarray | None = None) -> tuple:
         """Survival, walk and bookkeeping in one compiled call (policy/_trim.cpp): (lengths, expected tokens,
-        modelled seconds, the offset `extra` as bounded by max_offset_cut) of the step, each request's kept
-        confidences stored, and `conditional` (where given) filled with each drafted token's conditional estimate
-        (tests/policy_reference.py: the same step in numpy)."""
+        modelled seconds, the offset `extra` as bounded by max_offset_cut, the modelled seconds of the same step with
+        no drafts) of the step, each request's kept confidences stored, and `conditional` (where given) filled with
+        each drafted token's conditional estimate (tests/policy_reference.py: the same step in numpy)."""
         cols, cal, o = self.requests.columns, self.calibrator, self.options
         with_conf = o.confidence != "off" and drafts.confidence is not None
         h = self.history
         history = None if with_conf else (h.pooled_trials, h.pooled_successes, h.pooled_prior, h.pooled_prior_weight,
                                           cols["trials"], cols["successes"], h.request_prior_weight)
         curve, terms = curves
-        lengths, tau, linear, attention, extra = _trim.trim_step(
+        lengths, tau, linear, attention, extra, bare = _trim.trim_step(
             conf=drafts.confidence if with_conf else None, offsets=drafts.offsets, drafted=drafts.lengths,
             history=history, slots=slots, cal_trials=cal.trials, cal_successes=cal.successes,
             prior_weight=cal.prior_weight, fit_ok=cols["fit_ok"], fit_predicted=cols["fit_predicted"],
@@ -284,7 +304,8 @@ class AdaptiveLength:
             budget=-1 if o.max_draft_tokens_per_step is None else o.max_draft_tokens_per_step,
             curve=curve, attention=terms, conditional=conditional)
         # step_time's sum, from the parts the walk read off the same curves
-        return lengths, tau, self.cost.overhead_s + linear + attention + self.cost.draft_time(lengths), extra
+        overhead = self.cost.overhead_s
+        return lengths, tau, overhead + linear + attention + self.cost.draft_time(lengths), extra, overhead + bare
 
     def survival_batch(self, req_ids: Sequence[Hashable], drafts: BatchDrafts
                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -359,6 +380,70 @@ class AdaptiveLength:
         return self._tau / self._time
 
 
+class DraftingPause:
+    """Drafting paused where drafting at all does not pay: no choice of lengths saves the drafting step's own host
+    time (the proposer's search and appends, the trim), which a step with no drafter does not spend.
+
+    Every drafting step is weighed against the same step with no drafter, both as the policy costs its steps:
+    `on_s` with the kept drafts and the drafting host time, `off_s` with no drafts and without it, `tau` expected
+    tokens against one a request. Over the drafting steps since the batch size last changed twofold (decayed sums,
+    `min_steps` of them at least), once tau / on_s falls below n / off_s, drafting pauses for `first` steps, then
+    drafts one step (a probe, weighed alone: it decides whether drafting resumes) and pauses twice as long each time
+    the probe finds drafting still does not pay, up to `longest`. The drafting layer hands the proposer every token
+    appended during a pause at the next step that drafts, so a probe's host time includes that catch-up: it is not
+    taken as the drafting step's (`observe_host`)."""
+
+    def __init__(self, decay: float, min_steps: int = 8, first: int = 8, longest: int = 256) -> None:
+        self.decay, self.min_steps, self.first, self.longest = decay, min_steps, first, longest
+        self.host_s = 0.0  # the drafting step's host seconds, as last measured (0: no clock)
+        self.left = 0  # steps left in the current pause
+        self.length = first  # the next pause's length
+        self._probe = False  # the next drafting step ends a pause
+        self._probed = False  # the last drafting step was a probe (its host time includes the catch-up)
+        self._reset(0)
+
+    def _reset(self, batch: int) -> None:
+        self.batch, self.steps = batch, 0
+        self.requests = self.tokens = self.on_s = self.off_s = 0.0  # decayed sums over drafting steps
+
+    def drafts(self) -> bool:
+        if self.left > 0:
+            self.left -= 1
+            self._probe = self.left == 0
+            return False
+        return True
+
+    def observe_host(self, seconds: float) -> None:
+        if not self._probed and seconds > 0.0:
+            self.host_s = seconds
+
+    def weigh(self, n: int, tau: float, on_s: float, off_s: float) -> None:
+        probe, self._probe = self._probe, False
+        self._probed = probe
+        if not (n > 0 and on_s > 0.0 and off_s > 0.0):
+            return
+        if probe:  # weighed alone: the sums hold what made drafting pause
+            pays = tau * off_s >= n * on_s
+            self._reset(n)
+        else:
+            if not (self.batch / 2 <= n <= 2 * self.batch):  # another load: other costs, start the sums over
+                self._reset(n)
+            d = self.decay
+            self.requests, self.tokens = d * self.requests + n, d * self.tokens + tau
+            self.on_s, self.off_s = d * self.on_s + on_s, d * self.off_s + off_s
+            self.steps += 1
+            if self.steps < self.min_steps:
+                return
+            pays = self.tokens * self.off_s >= self.requests * self.on_s
+        if pays:
+            self.length = self.first
+            if probe:  # drafting resumes: the sums start over from this step
+                self.requests, self.tokens, self.on_s, self.off_s, self.steps = n, tau, on_s, off_s, 1
+        else:
+            self.left, self.length = self.length, min(2 * self.length, self.longest)
+            self._reset(n)
+
+
 class StepTimeFit:
     """Measured step times against the modelled ones, as measured = b * (modelled + c).
 
@@ -387,6 +472,12 @@ class StepTimeFit:
         self.w = self.m = self.y = self.mm = self.my = 0.0  # decayed sums: weight, x, y, x^2, x*y
         self.ratio = 0.0  # decayed sum of the bounded measured / modelled ratios (scale = ratio / w)
         self.anchor: float | None = None  # the last slope the data measured (None: none yet)
+
+    @property
+    def fitted(self) -> bool:
+        """The offset is measured (`min_fits` steps in): it holds what every measured step pays beyond the model,
+        the drafting step's host time included."""
+        return self.w >= self.min_fits
 
     @property
     def scale(self) -> float:
