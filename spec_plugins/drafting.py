@@ -94,6 +94,7 @@ class DraftingLayer:
         self._batch_policy = isinstance(policy, BatchPolicy)
         self._rates_drafts = self._batch_policy and isinstance(policy, RatesDrafts)  # step(rated=True) asks it
         self._pauses = isinstance(policy, PausesDrafting)
+        self._times_drafting = self._pauses and self.clock is not None  # its host seconds, for the pause
         # The engines' default (`fixed` without a cap of its own) caps nothing, trims nothing and learns nothing:
         # its three calls a step are skipped (at batch 1 the step is a few microseconds of such calls).
         self._passes_through = type(policy) is FixedLength and policy.max_draft is None
@@ -229,7 +230,7 @@ class DraftingLayer:
         batch = DraftBatch(req_ids, contexts, lens, grown, caps, rows=rows, features=features)
         if n == 0:
             return BatchDrafts(np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64))
-        timed = self._pauses and self.clock is not None
+        timed = self._times_drafting
         start = self.clock() if timed else 0.0
         if passes_through:
             drafts = self._propose(batch, None)

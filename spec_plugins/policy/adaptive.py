@@ -239,9 +239,13 @@ class AdaptiveLength:
         self._time = d * self._time + step + extra
         # Drafting at all against the same step with no drafter: the drafting step's host time is what a pause saves.
         # The fitted offset holds it where the engine's measured steps are fitted (they include it); else it is added.
-        fitted = self.observes_step_time and self.step_fit.fitted
-        host = self.pause.host_s / (self.step_fit.slope() if fitted else 1.0)  # measured seconds in modelled ones
-        self.pause.weigh(n, tau, step + extra + (0.0 if fitted else host), bare + extra - (host if fitted else 0.0))
+        on, off, host = step + extra, bare + extra, self.pause.host_s
+        if host > 0.0:
+            if self.observes_step_time and self.step_fit.fitted:
+                off -= host / self.step_fit.slope()  # measured seconds in modelled ones
+            else:
+                on += host
+        self.pause.weigh(n, tau, on, off)
         return lengths
 
     def _curve_source(self):
@@ -268,7 +272,8 @@ class AdaptiveLength:
 
     def drafts_this_step(self, batch_size: int) -> bool:
         """False while drafting is paused (core.PausesDrafting; DraftingPause)."""
-        return self.pause.drafts()
+        pause = self.pause
+        return pause.left <= 0 or pause.drafts()  # the usual step first: one attribute read
 
     def observe_drafting_seconds(self, seconds: float) -> None:
         """The host seconds of the last step's drafting (proposer and trim), where the engine keeps time."""
@@ -472,6 +477,7 @@ class StepTimeFit:
         self.w = self.m = self.y = self.mm = self.my = 0.0  # decayed sums: weight, x, y, x^2, x*y
         self.ratio = 0.0  # decayed sum of the bounded measured / modelled ratios (scale = ratio / w)
         self.anchor: float | None = None  # the last slope the data measured (None: none yet)
+        self._offset: tuple[float, float] | None = None  # (lowest, offset) until the next add: read every step
 
     @property
     def fitted(self) -> bool:
@@ -485,6 +491,7 @@ class StepTimeFit:
         return self.ratio / self.w if self.w > 0.0 else 1.0
 
     def add(self, modelled: float, measured: float) -> None:
+        self._offset = None
         y = min(measured, 4.0 * self.scale * modelled)
         d = self.decay
         self.ratio = d * self.ratio + y / modelled
@@ -513,6 +520,14 @@ class StepTimeFit:
         return min(max(b, scale / self.spread), scale * self.spread)
 
     def offset(self, lowest: float = 0.0) -> float:
+        cached = self._offset
+        if cached is not None and cached[0] == lowest:
+            return cached[1]
+        c = self._fit_offset(lowest)
+        self._offset = (lowest, c)
+        return c
+
+    def _fit_offset(self, lowest: float) -> float:
         if self.w < self.min_fits:
             return 0.0
         sxx, sxy, prior = self._moments()
