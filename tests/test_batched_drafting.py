@@ -332,3 +332,17 @@ def test_batch_drafts_truncate_and_round_trip():
     assert t.lists() == [[1], [], [7]] and t.confidence.tolist() == [0.9, 0.3]
     with pytest.raises(ValueError, match="offsets"):
         BatchDrafts(np.array([1, 2]), np.array([0, 3]))
+
+
+def test_host_time_benchmarks_keep_the_adaptive_policy_drafting():
+    """step_overhead and mrv2_host_time measure drafting steps: keep_drafting stops the pause from ever deciding."""
+    from spec_plugins.bench.step_overhead import keep_drafting
+    from spec_plugins.policy.adaptive import AdaptiveLength
+
+    layer = DraftingLayer(Recorder(), AdaptiveLength(hardware="h200", model_config="llama-3.1-8b"))
+    keep_drafting(layer)
+    pause = layer.policy.pause
+    for _ in range(50):  # drafting that never pays
+        pause.weigh(256, 256.0, 2.0, 1.0)
+        assert layer.policy.drafts_this_step(256)
+    keep_drafting(DraftingLayer(Recorder(), FixedLength()))  # a policy that never pauses: nothing to keep

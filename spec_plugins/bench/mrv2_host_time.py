@@ -61,7 +61,7 @@ def measure(streams: list[np.ndarray], batches: list[int], steps: int, warmup: i
     from vllm.v1.worker.gpu.input_batch import InputBatch, InputBuffers
     from vllm.v1.worker.gpu.states import RequestState
 
-    from spec_plugins.bench.step_overhead import MAX_MODEL_LEN, Batch, rewrite_streams
+    from spec_plugins.bench.step_overhead import MAX_MODEL_LEN, Batch, keep_drafting, rewrite_streams
     from spec_plugins.vllm import SuffixTree
     from spec_plugins.vllm.mrv2.speculator import SuffixTreeSpeculator
 
@@ -79,6 +79,8 @@ def measure(streams: list[np.ndarray], batches: list[int], steps: int, warmup: i
                                   num_speculative_steps=k, vocab_size=49152, device=device)
         mrv2 = SuffixTreeSpeculator(cfg, device, req_states)
         v1 = SuffixTree(cfg)
+        keep_drafting(mrv2.drafting)  # drafting steps, not paused ones
+        keep_drafting(v1.drafting)
         history = mrv2.history
         for i, rid in enumerate(batch.req_ids):
             n = int(batch.num_tokens[i])

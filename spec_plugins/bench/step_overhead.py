@@ -10,7 +10,7 @@ proposer is called exactly as vLLM 0.32's model runner calls it, on the same arr
 
 * ours: `spec_plugins.vllm.SpecPluginsProposer` (the whole `custom_class` adapter: drafting layer,
   policy, proposer), suffix tree and n-gram, policy `fixed` and `adaptive` (`hardware: h200`, the
-  target costed as Llama-3.1-8B);
+  target costed as Llama-3.1-8B; kept from pausing, so its rows are drafting steps: `keep_drafting`);
 * vLLM's `SuffixDecodingProposer` (method `suffix`, ArcticInference) and `NgramProposer` (method
   `ngram`, its numba batch kernel);
 * the suffix tree with `append_ahead` ("+ ahead" rows): each step ends by appending the drafts' likely
@@ -72,6 +72,15 @@ def code_token_streams(count: int, min_tokens: int, progress: bool = True) -> li
     if not out:
         raise RuntimeError(f"no standard-library file has {min_tokens} tokens")
     return [out[i % len(out)] for i in range(count)]  # fewer files than requests: reuse them
+
+
+def keep_drafting(drafting: Any) -> None:
+    """Keep the adaptive policy of a drafting layer from pausing (`policy.adaptive.DraftingPause`): these rows
+    measure the drafting step. A paused step costs what no drafter costs, and when the policy pauses is the
+    simulator's to model (`policy_sim`), not a host time to charge."""
+    pause = getattr(drafting.policy, "pause", None)
+    if pause is not None:
+        pause.min_steps = float("inf")  # the sums never reach a decision
 
 
 REWRITE_LEN = 2600  # tokens of a file that a rewrite request holds in its prompt
@@ -167,6 +176,7 @@ def contenders(k: int) -> dict[str, Callable[[], Contender]]:
                                       **({"policy_options": {"hardware": "h200"}} if policy == "adaptive" else {})}}
             p = SpecPluginsProposer(vllm_config(k, extra))
             p.drafting.time_proposer = True  # as with the engine's trace on: two clock reads a step
+            keep_drafting(p.drafting)
 
             def call(b: Batch) -> Any:
                 p.row_req_ids = b.req_ids  # what the plugin's runner wrapper sets
