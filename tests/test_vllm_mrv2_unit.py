@@ -177,5 +177,7 @@ def test_runner_v2_rows_grow_the_lengths_write_the_filler_and_give_the_layer_its
     rows, history_rows, *_, verified, present = _rows.runner_v2_rows(
         np.array([0, 1]), np.array([1, 1]), None, total, history, warmup, out, None, 8, 3)
     assert rows is None and present is None and verified is None and history_rows.tolist() == [0, 1]
-    with pytest.raises(ValueError, match="slots: request slot out of range"):
-        _rows.runner_v2_rows(np.array([4]), np.array([1]), None, total, history, warmup, out, None, 8, 3)
+    before = total.copy()
+    with pytest.raises(ValueError, match="slots: request slot out of range"):  # row 1 bad: row 0 not applied either
+        _rows.runner_v2_rows(np.array([0, 4]), np.array([1, 1]), None, total, history, warmup, out, None, 8, 3)
+    assert total.tolist() == before.tolist()

@@ -427,23 +427,17 @@ class DraftingPause:
         self._probed = probe
         if not (n > 0 and on_s > 0.0 and off_s > 0.0):
             return
-        if probe:  # weighed alone: the sums hold what made drafting pause
-            pays = tau * off_s >= n * on_s
+        # A probe is weighed alone (the sums hold what made drafting pause); another load has other costs.
+        if probe or not (self.batch / 2 <= n <= 2 * self.batch):
             self._reset(n)
-        else:
-            if not (self.batch / 2 <= n <= 2 * self.batch):  # another load: other costs, start the sums over
-                self._reset(n)
-            d = self.decay
-            self.requests, self.tokens = d * self.requests + n, d * self.tokens + tau
-            self.on_s, self.off_s = d * self.on_s + on_s, d * self.off_s + off_s
-            self.steps += 1
-            if self.steps < self.min_steps:
-                return
-            pays = self.tokens * self.off_s >= self.requests * self.on_s
-        if pays:
+        d = self.decay
+        self.requests, self.tokens = d * self.requests + n, d * self.tokens + tau
+        self.on_s, self.off_s = d * self.on_s + on_s, d * self.off_s + off_s
+        self.steps += 1
+        if not probe and self.steps < self.min_steps:
+            return
+        if self.tokens * self.off_s >= self.requests * self.on_s:  # drafting pays: the next pause is short again
             self.length = self.first
-            if probe:  # drafting resumes: the sums start over from this step
-                self.requests, self.tokens, self.on_s, self.off_s, self.steps = n, tau, on_s, off_s, 1
         else:
             self.left, self.length = self.length, min(2 * self.length, self.longest)
             self._reset(n)

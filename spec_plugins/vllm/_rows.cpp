@@ -27,6 +27,21 @@ void read_lens(const py::array& a, py::ssize_t n, std::int64_t* out) {
   for (py::ssize_t i = 0; i < n; ++i) out[i] = static_cast<std::int64_t>(p[i]);
 }
 
+// The first n entries of integer array `a` into out: int64 and int32 (what vLLM keeps) read as they are, anything
+// else converted; false where `a` does not convert to integers.
+bool read_ints(const py::array& a, py::ssize_t n, std::int64_t* out) {
+  if (usable_as_is<std::int64_t, py::array::c_style>(a)) {
+    read_lens<std::int64_t>(a, n, out);
+  } else if (usable_as_is<std::int32_t, py::array::c_style>(a)) {
+    read_lens<std::int32_t>(a, n, out);
+  } else {
+    const auto converted = spec_plugins::as_array<std::int64_t>(a);
+    if (!converted) return false;
+    read_lens<std::int64_t>(converted, n, out);
+  }
+  return true;
+}
+
 // vLLM's runner arguments to a custom_class proposer, for rows 0..len(sampled_token_ids): (sampled
 // tokens per row, drafted tokens it accepted (sampled - 1: the last sampled token is the bonus or the
 // correction), committed context lengths num_tokens_no_spec[:n], each row's cap min(K, room left before
@@ -52,15 +67,7 @@ py::tuple from_runner(py::sequence sampled_token_ids, py::array num_tokens_no_sp
     a[i] = std::int64_t(m) - 1;
     decoding += m > 0;
   }
-  if (usable_as_is<std::int64_t, py::array::c_style>(num_tokens_no_spec)) {
-    read_lens<std::int64_t>(num_tokens_no_spec, n, l);
-  } else if (usable_as_is<std::int32_t, py::array::c_style>(num_tokens_no_spec)) {
-    read_lens<std::int32_t>(num_tokens_no_spec, n, l);
-  } else {
-    const auto converted = spec_plugins::as_array<std::int64_t>(num_tokens_no_spec);
-    if (!converted) throw py::value_error("num_tokens_no_spec: expected integer lengths");
-    read_lens<std::int64_t>(converted, n, l);
-  }
+  if (!read_ints(num_tokens_no_spec, n, l)) throw py::value_error("num_tokens_no_spec: expected integer lengths");
   for (py::ssize_t i = 0; i < n; ++i) {
     const std::int64_t room = max_model_len - 1 - l[i];
     c[i] = room < 0 ? 0 : (room < k ? room : k);
@@ -68,18 +75,18 @@ py::tuple from_runner(py::sequence sampled_token_ids, py::array num_tokens_no_sp
   return py::make_tuple(sampled, accepted, lens, caps, decoding);
 }
 
-// Per-request counts (int32 as vLLM keeps them, or int64) as int64, n of them.
-std::vector<std::int64_t> counts_of(const py::handle& h, py::ssize_t n, const char* what) {
-  const auto a = spec_plugins::as_array<std::int64_t>(h);
-  if (!a) throw py::value_error(std::string(what) + ": expected integer counts");
+// Per-request counts of the runner's rows 0..n as int64.
+std::vector<std::int64_t> counts_of(const py::array& a, py::ssize_t n, const char* what) {
   if (a.ndim() != 1 || a.shape(0) < n) throw py::value_error(std::string(what) + ": expected one count per row");
-  return std::vector<std::int64_t>(a.data(), a.data() + n);
+  std::vector<std::int64_t> out(n);
+  if (!read_ints(a, n, out.data())) throw py::value_error(std::string(what) + ": expected integer counts");
+  return out;
 }
 
+// A writable C-contiguous [rows >= `rows`, width] buffer of T.
 template <class T>
-T* rows_of(py::array& a, const char* what, py::ssize_t rows, py::ssize_t min_width) {
-  if (!usable_as_is<T, py::array::c_style>(a) || a.ndim() != 2 || a.shape(0) < rows || a.shape(1) < min_width ||
-      !a.writeable())
+T* rows_of(py::array& a, const char* what, py::ssize_t rows) {
+  if (!usable_as_is<T, py::array::c_style>(a) || a.ndim() != 2 || a.shape(0) < rows || !a.writeable())
     throw py::value_error(std::string(what) + ": expected a writable C-contiguous [rows, width] buffer of its dtype");
   return static_cast<T*>(a.mutable_data());
 }
@@ -89,7 +96,7 @@ T* rows_of(py::array& a, const char* what, py::ssize_t rows, py::ssize_t min_wid
 float* confidences_beside(const py::object& obj, const py::array& out, py::array& keep) {
   if (obj.is_none()) return nullptr;
   keep = obj.cast<py::array>();
-  float* p = rows_of<float>(keep, "confidences buffer", out.shape(0), out.shape(1));
+  float* p = rows_of<float>(keep, "confidences buffer", out.shape(0));
   if (keep.shape(0) != out.shape(0) || keep.shape(1) != out.shape(1))
     throw py::value_error("confidences buffer: expected the drafts buffer's shape");
   return p;
@@ -108,12 +115,12 @@ py::tuple runner_v2_rows(i64 slots, py::object sampled_obj, py::object rejected_
                          spec_plugins::CArray<bool, py::array::c_style> warmup, py::array out, py::object conf_obj,
                          long long max_model_len, long long k) {
   const py::ssize_t n = slots.size(), reqs = total_len.size();
-  const auto sampled = counts_of(sampled_obj, n, "num_sampled");
+  const auto sampled = counts_of(sampled_obj.cast<py::array>(), n, "num_sampled");
   std::vector<std::int64_t> rejected;
-  if (!rejected_obj.is_none()) rejected = counts_of(rejected_obj, n, "num_rejected");
+  if (!rejected_obj.is_none()) rejected = counts_of(rejected_obj.cast<py::array>(), n, "num_rejected");
   if (history.ndim() != 2 || history.shape(0) != reqs || warmup.size() != reqs)
     throw py::value_error("runner state: expected history [max_num_reqs, max_model_len] and one flag per slot");
-  std::int64_t* out_p = rows_of<std::int64_t>(out, "drafts buffer", n, 0);
+  std::int64_t* out_p = rows_of<std::int64_t>(out, "drafts buffer", n);
   const py::ssize_t width = out.shape(1), hist_width = history.shape(1);
   py::array conf;
   float* conf_p = confidences_beside(conf_obj, out, conf);
@@ -121,13 +128,15 @@ py::tuple runner_v2_rows(i64 slots, py::object sampled_obj, py::object rejected_
   std::int64_t* total = total_len.mutable_data();
   const std::int32_t* hist = history.data();
   const bool* warm = warmup.data();
+  for (py::ssize_t i = 0; i < n; ++i) {  // checked before anything is written: a refused step changes no state
+    if (sl[i] < 0 || sl[i] >= reqs) throw py::value_error("slots: request slot out of range");
+    if (total[sl[i]] + sampled[i] > hist_width) throw py::value_error("num_sampled: length past max_model_len");
+  }
   std::vector<py::ssize_t> live, present;
   live.reserve(n);
   for (py::ssize_t i = 0; i < n; ++i) {
     const std::int64_t s = sl[i];
-    if (s < 0 || s >= reqs) throw py::value_error("slots: request slot out of range");
     const std::int64_t t = total[s] + sampled[i];
-    if (t > hist_width) throw py::value_error("num_sampled: length past max_model_len");
     total[s] = t;
     const std::int64_t filler = t > 0 ? hist[s * hist_width + t - 1] : 0;
     std::fill(out_p + i * width, out_p + (i + 1) * width, filler);
@@ -167,7 +176,7 @@ void write_padded(py::array out, py::object rows_obj, py::array tokens_obj, i64 
                   py::object conf_obj) {
   const py::ssize_t n = offsets.size() - 1;
   if (n < 0) throw py::value_error("offsets: expected n + 1 offsets");
-  std::int64_t* out_p = rows_of<std::int64_t>(out, "drafts buffer", 0, 0);
+  std::int64_t* out_p = rows_of<std::int64_t>(out, "drafts buffer", 0);
   const py::ssize_t width = out.shape(1), height = out.shape(0);
   i64 rows;
   if (!rows_obj.is_none()) {
