@@ -122,6 +122,15 @@ class DraftBatch:
                    np.fromiter((r.num_new for r in requests), dtype=np.int64, count=n),
                    np.fromiter((r.max_draft for r in requests), dtype=np.int64, count=n))
 
+    def select(self, rows: np.ndarray) -> "DraftBatch":
+        """The requests at `rows` (increasing) as a batch of their own: the same token matrix, their columns."""
+        feats = self.features
+        return DraftBatch([self.req_ids[i] for i in rows.tolist()],
+                          self.contexts if self.rows is not None else [self.contexts[i] for i in rows.tolist()],
+                          self.context_lens[rows], self.num_new[rows], self.max_draft[rows],
+                          None if self.rows is None else self.rows[rows],
+                          None if feats is None else [feats[i] for i in rows.tolist()])
+
     def requests(self) -> list[DraftRequest]:
         """The same step as DraftRequests, for proposers and policies without a batched path."""
         feats = self.features
@@ -207,6 +216,15 @@ class BatchDrafts:
                                      count=int(offsets[-1]))
         probs = [d.probs for d in drafts] if any(d.probs is not None for d in drafts) else None
         return cls(tokens, offsets, confidence, probs)
+
+    def select(self, rows: np.ndarray) -> "BatchDrafts":
+        """The drafts at `rows` (increasing), in that order."""
+        lengths = self.lengths[rows]
+        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        index = (np.repeat(self.offsets[:-1][rows] - offsets[:-1], lengths) + np.arange(offsets[-1])).astype(np.int64)
+        return BatchDrafts(self.tokens[index], offsets, None if self.confidence is None else self.confidence[index],
+                           None if self.probs is None else [self.probs[i] for i in rows.tolist()])
 
     def truncated(self, keep: np.ndarray) -> "BatchDrafts":
         """The first keep[i] tokens of each draft (never more than it has)."""
@@ -371,12 +389,14 @@ class ObservesStepTime(Protocol):
 @runtime_checkable
 class PausesDrafting(Protocol):
     """A policy that pauses drafting where drafting at all does not pay for the drafting step's own host time. The
-    drafting layer asks `drafts_this_step(batch_size)` before its proposer runs: False, and neither the proposer
-    nor the trim runs and no request drafts; the tokens appended meanwhile reach the proposer at the next step that
+    drafting layer asks `drafting_rows(batch_size)` before its proposer runs: None, and every request drafts (the
+    usual step); no rows, and neither the proposer nor the trim runs and no request drafts; some rows (increasing),
+    and only those requests are handed to the proposer (a probe of a sample of the batch), the trim still seeing the
+    whole step. The tokens a request appended while it did not draft reach the proposer at its next step that
     drafts (its `num_new`). A layer given a clock reports the host seconds of each step's proposer and trim
     (`observe_drafting_seconds`)."""
 
-    def drafts_this_step(self, batch_size: int) -> bool: ...
+    def drafting_rows(self, batch_size: int) -> np.ndarray | None: ...
 
     def observe_drafting_seconds(self, seconds: float) -> None: ...
 

@@ -214,15 +214,24 @@ class DraftingLayer:
             self._report(*reports)
         if len(ledger) > n + (self.touch(present) if present else 0):  # a tracked request is absent from this step
             self.sweep()
-        if self._pauses and n and not self.policy.drafts_this_step(n):  # drafting paused: nothing runs, nothing drafts
-            cols["unseen"][slots] += grown
+        sample = self.policy.drafting_rows(n) if self._pauses and n else None
+        if sample is not None:  # drafting paused for some requests (all, or all but a probe's sample)
+            waits = np.ones(n, dtype=bool)
+            waits[sample] = False
+            cols["unseen"][slots[waits]] += grown[waits]
             self._has_unseen = True
-            cols["drafted"][slots] = 0
-            return BatchDrafts(np.zeros(0, dtype=np.int64), np.zeros(n + 1, dtype=np.int64))
-        if self._has_unseen:  # what was appended during a pause reaches the proposer now
+            if not len(sample):  # paused: nothing runs, nothing drafts
+                cols["drafted"][slots] = 0
+                return BatchDrafts(np.zeros(0, dtype=np.int64), np.zeros(n + 1, dtype=np.int64))
+        if self._has_unseen:  # what was appended while a request did not draft reaches the proposer now
             unseen = cols["unseen"]
-            grown = np.minimum(grown + unseen[slots], lens)
-            unseen[slots] = 0
+            drafting = slots if sample is None else slots[sample]
+            if sample is None:
+                grown = np.minimum(grown + unseen[drafting], lens)
+            else:
+                grown = grown.copy()
+                grown[sample] = np.minimum(grown[sample] + unseen[drafting], lens[sample])
+            unseen[drafting] = 0
             self._has_unseen = bool(unseen.any())
         caps = np.asarray(max_draft, dtype=np.int64)
         if caps.ndim == 0:  # one cap for all
@@ -234,6 +243,19 @@ class DraftingLayer:
         start = self.clock() if timed else 0.0
         if passes_through:
             drafts = self._propose(batch, None)
+        elif sample is not None:
+            # A probe: the sample drafts; the policy trims the whole step as if every request drafted as one of the
+            # sample did (how it weighs whether drafting pays) and keeps drafts for the sample alone.
+            self._caps(batch)
+            if isinstance(self.proposer, EngineDrafts):  # the engine drafted every request already
+                self.proposer.select(sample)
+            own = self._propose(batch.select(sample), None)
+            like = np.arange(n) % len(sample)
+            like[sample] = np.arange(len(sample))
+            drafts = self._trim(batch, own.select(like), None, rated)
+            keep = np.zeros(n, dtype=np.int64)
+            keep[sample] = drafts.lengths[sample]
+            drafts = drafts.truncated(keep)
         else:
             # The per-request view is built at most once a step, after the caps: proposers and policies
             # without a batched path all see the same DraftRequests.
@@ -386,6 +408,11 @@ class EngineDrafts:
 
     def give(self, drafts: BatchDrafts) -> None:
         self._given = drafts
+
+    def select(self, rows: np.ndarray) -> None:
+        """The next step drafts only the requests at `rows` of the drafts given (a probe's sample)."""
+        if self._given is not None:
+            self._given = self._given.select(rows)
 
     def propose_batch(self, batch: DraftBatch) -> BatchDrafts:
         drafts, self._given = self._given, None

@@ -205,15 +205,23 @@ def test_layer_reports_only_the_slots_the_engine_verified():
 
 
 class Pausing(Recorder):
-    """A policy that pauses drafting on the steps `paused` names (core.PausesDrafting)."""
+    """A policy that pauses drafting on the steps `paused` names and drafts for a sample on the steps `probes` names
+    (step -> rows; core.PausesDrafting)."""
 
-    def __init__(self, paused):
+    def __init__(self, paused, probes=None):
         super().__init__()
-        self.paused, self.asked, self.seconds = set(paused), 0, []
+        self.paused, self.probes, self.asked, self.seconds = set(paused), dict(probes or {}), 0, []
+        self.trimmed = []  # the draft lengths each trim saw
 
-    def drafts_this_step(self, batch_size):
+    def trim(self, requests, drafts):
+        self.trimmed.append([len(d.tokens) for d in drafts])
+        return [len(d.tokens) for d in drafts]
+
+    def drafting_rows(self, batch_size):
         self.asked += 1
-        return self.asked not in self.paused
+        if self.asked in self.probes:
+            return np.array(self.probes[self.asked], dtype=np.int64)
+        return np.zeros(0, dtype=np.int64) if self.asked in self.paused else None
 
     def observe_drafting_seconds(self, seconds):
         self.seconds.append(seconds)
@@ -241,6 +249,50 @@ def test_a_paused_step_runs_no_proposer_and_the_next_hands_it_every_token_since(
     assert len(pol.seconds) == 3 and all(s > 0 for s in pol.seconds)  # steps 1, 4 and 5
 
 
+def test_a_probe_hands_its_sample_their_backlog_and_the_rest_keep_theirs():
+    """Step 2 paused, step 3 a probe of rows 0 and 2: only a and c are handed to the proposer (with every token since
+    it last saw them), the trim sees the whole step with b and d drafting as a and c did and only a and c keep
+    drafts (the layer keeps the sample's alone whatever the trim returns); step 4 hands b and d their backlog (three
+    steps of tokens) and a and c one token."""
+    prop, pol = Recorder(), Pausing(paused={2}, probes={3: [0, 2]})
+    ids = ["a", "b", "c", "d"]
+    ctx = [[1, 2, 3] * 4, [4, 5, 6] * 4, [7, 8, 9] * 4, [2, 3, 4] * 4]
+    layer = DraftingLayer(prop, pol)
+    layer.step(ids, [c[:3] for c in ctx], [3, 3, 3, 3], max_draft=3)
+    for length in (4, 5):
+        out = layer.step(ids, [c[:length] for c in ctx], [length] * 4, num_new=np.ones(4, dtype=np.int64),
+                         max_draft=3, accepted=[-1] * 4)
+    assert prop.requests[-1] == [("a", 5, 2, 3), ("c", 5, 2, 3)]
+    assert out.lists() == [[0, 1, 2], [], [0, 1, 2], []]
+    assert pol.trimmed[-1] == [3, 3, 3, 3]  # the trim saw the whole step, b and d drafting as a and c did
+    layer.step(ids, [c[:6] for c in ctx], [6] * 4, num_new=np.ones(4, dtype=np.int64), max_draft=3,
+               accepted=[1, -1, 0, -1])
+    assert prop.requests[-1] == [("a", 6, 1, 3), ("b", 6, 3, 3), ("c", 6, 1, 3), ("d", 6, 3, 3)]
+    assert pol.observed[-2:] == [("a", 3, 1), ("c", 3, 0)]  # the probe's drafts are reported; b and d had none
+    # An engine's own drafts (EngineDrafts) are narrowed to the sample the same way.
+    from spec_plugins.drafting import EngineDrafts
+
+    engine, pol = EngineDrafts(), Pausing(paused=(), probes={1: [1]})
+    layer = DraftingLayer(engine, pol)
+    engine.give(BatchDrafts.from_drafts([Draft([5, 6]), Draft([7, 8, 9])]))
+    assert layer.step(["a", "b"], [[1], [2]], [1, 1], max_draft=3).lists() == [[], [7, 8, 9]]
+
+
+def test_batch_drafts_and_draft_batches_select_rows():
+    drafts = BatchDrafts.from_drafts([Draft([1, 2], confidence=[0.9, 0.8]), Draft([]), Draft([3], confidence=[0.7]),
+                                      Draft([4, 5, 6], confidence=[0.6, 0.5, 0.4])])
+    rows = np.array([0, 3])
+    picked = drafts.select(rows)
+    assert picked.lists() == [[1, 2], [4, 5, 6]] and picked.confidence.tolist() == [0.9, 0.8, 0.6, 0.5, 0.4]
+    again = drafts.select(np.array([2, 0, 0]))  # any rows, repeated: what a probe's trim sees
+    assert again.lists() == [[3], [1, 2], [1, 2]] and again.confidence.tolist() == [0.7, 0.9, 0.8, 0.9, 0.8]
+    batch = DraftBatch(["a", "b", "c"], np.arange(12, dtype=np.int32).reshape(3, 4), np.array([4, 3, 2]),
+                       np.array([1, 1, 2]), np.array([3, 2, 1]), rows=np.array([2, 0, 1]))
+    sub = batch.select(np.array([1, 2]))
+    assert sub.req_ids == ["b", "c"] and sub.rows.tolist() == [0, 1] and sub.max_draft.tolist() == [2, 1]
+    assert list(sub.context(1)) == [4, 5]
+
+
 def test_drafting_pauses_where_it_does_not_pay_and_probes_ever_less_often():
     """DraftingPause: after min_steps drafting steps whose expected tokens per second fall short of the same steps
     with no drafter, a pause of `first` steps; a probe that still finds drafting does not pay, a pause twice as
@@ -249,6 +301,7 @@ def test_drafting_pauses_where_it_does_not_pay_and_probes_ever_less_often():
     from spec_plugins.policy.adaptive import DraftingPause
 
     pause = DraftingPause(0.9, min_steps=3, first=2, longest=8)
+    pause.drafts = lambda: pause.rows(16) is None  # 16 requests: a probe drafts for all of them
 
     def drafting_steps():
         steps = 0
@@ -271,6 +324,74 @@ def test_drafting_pauses_where_it_does_not_pay_and_probes_ever_less_often():
     for _ in range(5):  # drafting that pays (over the steps since the load changed) never pauses
         pause.weigh(64, 200.0, 1.2, 1.0)
         assert pause.drafts()
+
+
+def test_a_probe_drafts_for_a_sample_going_round_the_batch_and_keeps_only_its_drafts():
+    """Past `probe_requests` requests a probe drafts for that many (the next probe the next ones, round the batch).
+    The policy's trim of a probe costs the whole step (every request drafting as one of the sample: what drafting is
+    weighed on) and keeps drafts for the sample alone; that costing is not a step the engine runs, so it is neither
+    fitted against the measured step nor counted in the running goodput, and no other request keeps a draft."""
+    from spec_plugins.policy.adaptive import AdaptiveLength, DraftingPause
+
+    pause = DraftingPause(0.9, min_steps=1, first=2, longest=8, probe_requests=16)
+    pause.weigh(64, 64.0, 1.2, 1.0)  # does not pay: a pause of 2
+    assert [len(pause.rows(64)) for _ in range(2)] == [0, 0]
+    assert pause.rows(64).tolist() == list(range(16)) and pause.sample.tolist() == list(range(16))
+    pause.weigh(64, 64.0, 1.2, 1.0)  # the probe does not pay either: a pause of 4, the next sample the next rows
+    assert pause.sample is None and [len(pause.rows(64)) for _ in range(4)] == [0] * 4
+    assert pause.rows(64).tolist() == list(range(16, 32))
+    pause.weigh(40, 40.0, 1.2, 1.0)
+    assert [len(pause.rows(40)) for _ in range(8)] == [0] * 8
+    assert pause.rows(40).tolist() == [0, 1, 2, 3, 4, 5, 6, 7] + list(range(32, 40))  # 32 onwards, round to 0
+    pause.weigh(40, 40.0, 1.2, 1.0)
+    assert [len(pause.rows(10)) for _ in range(8)] == [0] * 8 and pause.rows(10) is None  # a small batch: every row
+
+    policy = AdaptiveLength(hardware="h200", model_config="llama-3.1-8b")
+    policy.pause.host_s, policy.pause.left = 0.05, 1
+    # The whole step costed: every request keeps 2 tokens, 1.5 expected a request, 1.3 s against 1.0 s bare (and
+    # 0.05 s of drafting): that pays.
+    policy._trim_step = lambda *args, **kwargs: (np.full(64, 2, dtype=np.int64), 96.0, 1.3, 0.0, 1.0)
+    batch = DraftBatch.from_requests([DraftRequest(i, range(100), 1, 8) for i in range(64)])
+    assert len(policy.drafting_rows(64)) == 0  # the pause's last step
+    sample = policy.drafting_rows(64)
+    assert len(sample) == 16
+    slots = policy.requests.slots_of(batch.req_ids)
+    policy.requests.columns["kept_len"][slots] = 2  # what the trim stores for every request it costs
+    lengths = policy.trim_batch(batch, BatchDrafts.from_drafts([Draft([1, 2])] * 64))
+    assert lengths[sample].tolist() == [2] * 16 and lengths.sum() == 32
+    kept_len = policy.requests.columns["kept_len"][slots]
+    assert (kept_len[sample] == 2).all() and (np.delete(kept_len, sample) == -1).all()
+    assert policy._modelled is None and policy._tau == 0.0  # no step to fit, no running goodput
+    assert policy.drafting_rows(64) is None  # the probe paid: drafting resumes
+
+
+def test_the_pause_reads_step_time_the_fit_cannot_place_as_every_steps_own():
+    """Measured steps twice the modelled ones, all alike: the fit cannot tell an engine's per-step host time from a
+    slope (it reads a slope). Drafting that gains 45% tokens for 50% more modelled time pays where the unexplained
+    time is every step's own (2.5 s against 1.95 s for 1.45x the tokens) and does not where it is a slope: the pause
+    takes the reading that favours drafting, so drafting goes on. Where the trim keeps nothing, drafting pauses all
+    the same; once the steps have varied enough to measure a slope, the fit's own reading is weighed."""
+    from spec_plugins.policy.adaptive import AdaptiveLength
+
+    def run(tau_per_request, varied=False):
+        policy = AdaptiveLength(hardware="h200", model_config="llama-3.1-8b")
+        policy.pause.host_s = 0.05
+        for i in range(20):
+            modelled = 1.0 + (0.5 * (i % 2) if varied else 0.0)
+            policy.step_fit.add(modelled, 2.0 * modelled)
+        policy._trim_step = lambda *args, **kwargs: (np.full(256, 2, dtype=np.int64), 256 * tau_per_request, 1.5,
+                                                     policy.step_fit.offset(), 1.0)
+        batch = DraftBatch.from_requests([DraftRequest(i, range(100), 1, 8) for i in range(256)])
+        drafts = BatchDrafts.from_drafts([Draft([1, 2])] * 256)
+        for _ in range(20):
+            if policy.drafting_rows(256) is not None:
+                return "paused"
+            policy.trim_batch(batch, drafts)
+        return "drafting"
+
+    assert run(1.45) == "drafting"
+    assert run(1.0) == "paused"  # the trim keeps nothing: no reading makes drafting pay
+    assert run(1.45, varied=True) == "paused"  # a measured slope of 2: drafting costs what the model says, twice
 
 
 def test_batch_drafts_with_survival_gives_the_implied_conditional_confidences():
@@ -344,5 +465,5 @@ def test_host_time_benchmarks_keep_the_adaptive_policy_drafting():
     pause = layer.policy.pause
     for _ in range(50):  # drafting that never pays
         pause.weigh(256, 256.0, 2.0, 1.0)
-        assert layer.policy.drafts_this_step(256)
+        assert layer.policy.drafting_rows(256) is None
     keep_drafting(DraftingLayer(Recorder(), FixedLength()))  # a policy that never pauses: nothing to keep

@@ -345,6 +345,9 @@ class FixedOffset:
     def slope(self):
         return 1.0
 
+    def unexplained(self):
+        return None  # its offset is what the steps measured
+
 
 @pytest.mark.parametrize("name,cost", list(costs()) + [("measured-cpu-contexts", MeasuredCost(str(CPU_CONTEXTS)))],
                          ids=lambda x: x if isinstance(x, str) else "")

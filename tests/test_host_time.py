@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from spec_plugins.bench.host_time import BASE_TOKENS, DEFAULT, GROWTH, HostTime
@@ -125,41 +126,50 @@ def test_simulator_charges_host_time_by_the_tokens_each_step_appends(tmp_path):
     assert goodput(flat) == plain
 
 
+class DraftsByStep:
+    """A policy whose drafting rows at step i (from 1) are rows_at(i) (core.PausesDrafting: None, every request; no
+    rows, none; some, a probe's sample), that keeps no draft and records the drafting seconds it is told."""
+
+    def __init__(self, rows_at):
+        self.rows_at, self.step, self.seconds = rows_at, 0, []
+
+    def drafting_rows(self, batch_size):
+        self.step += 1
+        return self.rows_at(self.step)
+
+    def observe_drafting_seconds(self, seconds):
+        self.seconds.append(seconds)
+
+    def trim(self, requests, drafts):
+        return [0] * len(requests)
+
+    def observe(self, req_id, drafted, accepted):
+        pass
+
+
+def catchup_of_0_1_ms_a_token():
+    from spec_plugins.bench.host_time import CatchUpTime
+
+    return CatchUpTime([{"batch": 1, "tokens": 1, "over_one_token_ms": 0.0},
+                        {"batch": 1, "tokens": 9, "over_one_token_ms": 0.8}])
+
+
 def test_simulator_charges_a_paused_step_no_drafting_and_the_step_after_it_the_catch_up(tmp_path):
     """A policy that pauses drafting (core.PausesDrafting) for four steps: those steps pay no drafting host time, the
     step that ends the pause pays an ordinary step's plus the catch-up of the four tokens appended meanwhile
     (CatchUpTime, over the ordinary step's one), and the policy is told each drafting step's seconds, as an engine's
     clock would tell it."""
     from spec_plugins.bench import policy_sim
-    from spec_plugins.bench.host_time import CatchUpTime
     from spec_plugins.traces import load_traces
     from test_policy_planner import FlatCost, uniform_trace
 
-    class PausesFourSteps:
-        def __init__(self):
-            self.step, self.seconds = 0, []
-
-        def drafts_this_step(self, batch_size):
-            self.step += 1
-            return not 3 <= self.step <= 6
-
-        def observe_drafting_seconds(self, seconds):
-            self.seconds.append(seconds)
-
-        def trim(self, requests, drafts):
-            return [0] * len(requests)
-
-        def observe(self, req_id, drafted, accepted):
-            pass
-
     traces = load_traces([uniform_trace(tmp_path, 4, drafted=4, accepted=4)])
     host = HostTime(rows("p fixed", {1: 200.0, 256: 200.0}) + rows("p adaptive", {1: 200.0, 256: 200.0}), "p")
-    host.catchup = CatchUpTime([{"batch": 1, "tokens": 1, "over_one_token_ms": 0.0},
-                                {"batch": 1, "tokens": 9, "over_one_token_ms": 0.8}])
+    host.catchup = catchup_of_0_1_ms_a_token()
     requests = policy_sim.trace_requests(traces)
     steps = policy_sim.batch_schedule(requests, 1, 10, 0)[:10]
     assert all(len(batch) == 1 for batch, _ in steps) and not any(ends for _, ends in steps[:7])
-    pausing = PausesFourSteps()
+    pausing = DraftsByStep(lambda step: np.zeros(0, dtype=np.int64) if 3 <= step <= 6 else None)
     goodput = policy_sim.simulate(requests, steps, FlatCost(), {"p": pausing, "static_0": policy_sim.StaticLength(0)},
                                   host)
     assert pausing.seconds == pytest.approx([200e-6] * 2 + [200e-6 + 0.4e-3] + [200e-6] * 3)  # 4 tokens behind: 0.4 ms
@@ -220,3 +230,28 @@ def test_engine_host_time_of_several_runs_charges_each_cell_its_least(tmp_path):
     shipped = EngineHostTime.load(ENGINE_DEFAULT)
     assert shipped.seconds(16, 8) < 1.1 * shipped.seconds(16, 4)  # no step between 4 and 8 tokens a request
 
+
+
+def test_simulator_charges_a_probe_its_sample_and_each_request_its_own_backlog(tmp_path):
+    """A probe that drafts for two of four requests (core.PausesDrafting.drafting_rows) pays the proposer's share of
+    the step at two requests and the rest at four (HostTime.sample_seconds), and the catch-up of the sample's backlog
+    only; the other two bring theirs (a step more) to the next step that drafts. Drafting every request through the
+    pause would have cost the probe twice the catch-up."""
+    from spec_plugins.bench import policy_sim
+    from spec_plugins.traces import load_traces
+    from test_policy_planner import FlatCost, uniform_trace
+
+    traces = load_traces([uniform_trace(tmp_path, 4, drafted=4, accepted=4)])
+    per_request = {1: 100.0, 4: 400.0, 256: 25600.0}
+    host = HostTime([{**r, "proposer_us": 0.75 * r["us_per_step"]} for r in rows("p fixed", per_request)
+                     + rows("p adaptive", per_request)], "p")
+    host.catchup = catchup_of_0_1_ms_a_token()
+    assert host.sample_seconds("adaptive", 2, 4) == pytest.approx(0.25 * 400e-6 + 0.75 * 200e-6)
+    requests = policy_sim.trace_requests(traces)
+    steps = policy_sim.batch_schedule(requests, 4, 10, 2)[:10]  # seed 2: no request ends in the first 8 steps
+    assert all(len(batch) == 4 for batch, _ in steps) and not any(ends for _, ends in steps[:8])
+    probing = DraftsByStep(lambda step: np.array([0, 1]) if step == 7
+                           else np.zeros(0, dtype=np.int64) if 3 <= step <= 6 else None)
+    policy_sim.simulate(requests, steps, FlatCost(), {"p": probing}, host)
+    # steps 1, 2; the probe (4 tokens behind each: 0.4 ms a request); step 8 (two requests 5 behind, two none); 9, 10
+    assert probing.seconds == pytest.approx([400e-6] * 2 + [250e-6 + 0.8e-3, 400e-6 + 1.0e-3] + [400e-6] * 2)

@@ -65,6 +65,7 @@ class HostTime:
         self.catchup: CatchUpTime | None = None  # the step after a pause (`catchup_seconds`); None: not charged
         self.growth_sources = list(growth_sources)  # the measurements growth_rows came from
         self._curves: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._inside: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # policy -> (batches, proposer's share)
         # policy -> (log2 batches, per batch: (tokens, time / the base time) of the curve at that batch)
         self._growth: dict[str, tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]] = {}
         if proposer in ENGINE_ROWS:
@@ -77,6 +78,10 @@ class HostTime:
                 known = sorted({r["proposer"] for r in rows})
                 raise ValueError(f"host time {source}: no rows for {name!r}; it has {', '.join(known)}")
             self._curves[policy] = (np.array([b for b, _ in points], dtype=float), np.array([s for _, s in points]))
+            inside = sorted((int(r["batch"]), float(r["proposer_us"]) / float(r["us_per_step"])) for r in rows
+                            if r["proposer"] == name and r.get("proposer_us") is not None)
+            if inside:  # the share of the step inside the proposer's own drafting call
+                self._inside[policy] = (np.array([b for b, _ in inside], dtype=float), np.array([f for _, f in inside]))
             by_batch = _growth_by_batch(growth_rows, name)
             if by_batch:
                 batches = sorted(by_batch)
@@ -130,6 +135,19 @@ class HostTime:
         if tokens is None or policy not in self._growth:
             return base
         return base * _interp_log2(batch, *self._growth[policy], tokens)
+
+    def sample_seconds(self, policy: Literal["fixed", "adaptive"], sample: int, batch: int,
+                       tokens: float | None = None) -> float:
+        """Host seconds of a step of `batch` requests of which only `sample` draft (a probe of the drafting pause):
+        the proposer's own drafting call (its measured share of the step, `proposer_us`) at the sample's size, the
+        rest (the ledger, the policy's trim of the whole step, the adapter) at the batch's. The whole step's time
+        where the measurement does not split it."""
+        whole = self.seconds(policy, batch, tokens)
+        if policy not in self._inside or sample >= batch:
+            return whole
+        share = self._inside[policy]
+        return (whole * (1.0 - float(np.interp(batch, *share)))
+                + self.seconds(policy, sample, tokens) * float(np.interp(sample, *share)))
 
     def _base(self, policy: str, batch: int) -> float:
         if policy not in self._curves:
@@ -264,6 +282,11 @@ class Mrv2HostTime:
     def seconds(self, policy: Literal["fixed", "adaptive"], batch: int, tokens: float | None = None) -> float:
         batches, extra = self._extra.get(policy, self._extra["fixed"])
         return self.base.seconds(policy, batch, tokens) + float(np.interp(batch, batches, extra))
+
+    def sample_seconds(self, policy: Literal["fixed", "adaptive"], sample: int, batch: int,
+                       tokens: float | None = None) -> float:
+        batches, extra = self._extra.get(policy, self._extra["fixed"])  # the runner's rows are the whole batch's
+        return self.base.sample_seconds(policy, sample, batch, tokens) + float(np.interp(batch, batches, extra))
 
     def catchup_seconds(self, batch: int, backlog: float) -> float:
         return self.base.catchup_seconds(batch, backlog)

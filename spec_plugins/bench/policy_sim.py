@@ -174,11 +174,7 @@ class AdaptiveVerification(VerifiesSlots):
                accepted: np.ndarray, context: list[int]) -> np.ndarray:
         b, w = len(drafted), self.width
         lengths = np.minimum(drafted, w)
-        if self.policy is not None:
-            self.host_path = "adaptive"
-            if not self.policy.drafts_this_step(b):  # paused: no drafter runs, nothing is verified beyond a token
-                self.host_path = None
-                return np.zeros(b, dtype=int)
+        if self.policy is not None:  # (a pause is the simulator's: `drafted` is 0 where a request does not draft)
             drafts = BatchDrafts.from_drafts([Draft([0] * int(n), confidence=None if c is None else c[:n])
                                               for c, n in zip(confidences, lengths.tolist())])
             reqs = [DraftRequest(key, range(c), 1, w) for key, c in zip(keys, context)]
@@ -229,46 +225,65 @@ def simulate(requests: list[TraceRequest], steps, cost, policies: dict[str, Any]
         accepted = np.array([r.accepted[k] for _, r, k in recs])
         context = [int(r.prompt_len + r.pos[k]) for _, r, k in recs]
         for name, pol in policies.items():
-            paused = False
-            if isinstance(pol, VerifiesSlots):  # Model Runner V2: verified slots, filler included
-                keep = pol.verify([key for key, _, _ in recs], [r.confidence[k] for _, r, k in recs], drafted,
-                                  accepted, context)
-            elif isinstance(pol, PausesDrafting) and not pol.drafts_this_step(len(recs)):
-                keep, paused = np.zeros(len(recs), dtype=int), True  # no drafter runs this step
+            # A pausing policy (its own, or the one under adaptive verification) says which requests draft: None,
+            # all of them; no rows, none (no drafter runs); some, a probe's sample (the rest draft nothing).
+            rater = getattr(pol, "policy", pol)
+            pauses = isinstance(rater, PausesDrafting)
+            sample = rater.drafting_rows(len(recs)) if pauses else None
+            paused = sample is not None and not len(sample)
+            drafting = np.ones(len(recs), dtype=bool)
+            # what the policy's trim sees: every request's own draft, or on a probe every request drafting as one of
+            # the sample (the layer's rule; the policy keeps drafts for the sample alone)
+            like = np.arange(len(recs))
+            if sample is not None and len(sample):
+                drafting[:] = False
+                drafting[sample] = True
+                like = np.arange(len(recs)) % len(sample)
+                like[sample] = np.arange(len(sample))
+                like = np.asarray(sample)[like]
+            offered = drafted[like]
+            confidences = [recs[j][1].confidence[recs[j][2]] for j in like.tolist()]
+            if paused:
+                keep = np.zeros(len(recs), dtype=int)
+            elif isinstance(pol, VerifiesSlots):  # Model Runner V2: verified slots, filler included
+                keep = pol.verify([key for key, _, _ in recs], confidences, offered, accepted, context)
             elif callable(pol):
                 keep = np.minimum(np.asarray(pol(drafted, accepted), dtype=int), drafted)
             else:
                 reqs = [DraftRequest(req_id=key, tokens=range(c), num_new=1, max_draft=int(d))
-                        for (key, _, _), c, d in zip(recs, context, drafted)]
-                drafts = [Draft(tokens=[0] * int(d), confidence=r.confidence[k]) for (_, r, k), d in zip(recs, drafted)]
+                        for (key, _, _), c, d in zip(recs, context, offered)]
+                drafts = [Draft(tokens=[0] * int(d), confidence=c) for c, d in zip(confidences, offered)]
                 keep = np.asarray(pol.trim(reqs, drafts), dtype=int)
                 for (key, _, _), n, a in zip(recs, keep, accepted):
                     pol.observe(key, int(n), int(min(a, n)))
             emitted = 1 + np.minimum(accepted, keep)
             tokens[name] += float(np.sum(emitted))
             step = cost.step_time([int(x) for x in keep], context)
-            # this step's drafting appended what the steps since the drafter last ran emitted; host_path None: no
-            # drafter runs (no speculation, or drafting paused)
+            # this step's drafting appended, for each request that drafts, what it emitted since it last drafted;
+            # host_path None: no drafter runs (no speculation, or drafting paused)
             path = None if paused else getattr(pol, "host_path", "adaptive" if getattr(pol, "trim", None) else "fixed")
             pending, latest = unseen[name], last[name]
+            if path is None:
+                drafting[:] = False
             if host is not None and path is not None:
-                known = [key for key, _, _ in recs if key in pending]  # a request new here: its prompt, not modelled
+                keys = [key for (key, _, _), d in zip(recs, drafting.tolist()) if d]
+                known = [key for key in keys if key in pending]  # a request new here: its prompt, not modelled
                 ordinary = float(np.mean([latest[key] for key in known])) if known else None
-                drafting_s = host.seconds(path, len(recs), ordinary)
+                drafting_s = (host.seconds(path, len(recs), ordinary) if len(keys) == len(recs)
+                              else host.sample_seconds(path, len(keys), len(recs), ordinary))  # a probe's sample
                 backlog = float(np.mean([pending[key] - latest[key] for key in known])) if known else 0.0
-                if backlog > 0.0:  # the step that ends a pause
-                    drafting_s += host.catchup_seconds(len(recs), backlog)
+                if backlog > 0.0:  # a step after a pause
+                    drafting_s += host.catchup_seconds(len(keys), backlog)
                 step += drafting_s
-                rater = getattr(pol, "policy", pol)
-                if isinstance(rater, PausesDrafting):  # as an engine's clock measures it
+                if pauses:  # as an engine's clock measures it
                     rater.observe_drafting_seconds(drafting_s)
             if engine is not None:
                 step += engine.seconds(len(recs), 1.0 + float(np.mean(keep)))
             if getattr(pol, "observes_step_time", False):
                 pol.observe_step_interval(step)
             seconds[name] += step
-            for (key, _, _), e in zip(recs, emitted.tolist()):
-                pending[key] = e + (pending.get(key, 0.0) if path is None else 0.0)
+            for (key, _, _), e, d in zip(recs, emitted.tolist(), drafting.tolist()):
+                pending[key] = e + (0.0 if d else pending.get(key, 0.0))
                 latest[key] = e
         for name, pol in policies.items():
             for key in ends:

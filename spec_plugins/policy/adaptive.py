@@ -231,21 +231,41 @@ class AdaptiveLength:
         # The fitted offset, bounded below by max_offset_cut of the step with no drafts where it is negative
         lengths, tau, step, extra, bare = self._trim_step(slots, drafts, search, context, curves,
                                                           self.step_fit.offset(lowest=-np.inf), conditional)
-        # The long-run goodput the allocator weighs tokens against: modelled, over recent steps.
-        d = self.options.rate_decay
-        self._tau = d * self._tau + tau
-        self._last_tau = tau
-        self._modelled = self._last_modelled = step
-        self._time = d * self._time + step + extra
+        pause = self.pause
+        sample = pause.sample
+        if sample is None:
+            # The long-run goodput the allocator weighs tokens against: modelled, over recent steps.
+            d = self.options.rate_decay
+            self._tau = d * self._tau + tau
+            self._last_tau = tau
+            self._modelled = self._last_modelled = step
+            self._time = d * self._time + step + extra
+        else:
+            # A probe of a sample: the step was costed as if every request drafted as one of the sample (what drafting
+            # is weighed on), and only the sample's drafts are kept; the engine verifies those alone, so the costing
+            # is neither a step to fit nor one of the running goodput, and no other request has a draft to learn from.
+            self._modelled = None
+            waits = np.ones(n, dtype=bool)
+            waits[sample] = False
+            lengths[waits] = 0
+            self.requests.columns["kept_len"][slots[waits]] = -1
         # Drafting at all against the same step with no drafter: the drafting step's host time is what a pause saves.
         # The fitted offset holds it where the engine's measured steps are fitted (they include it); else it is added.
-        on, off, host = step + extra, bare + extra, self.pause.host_s
-        if host > 0.0:
-            if self.observes_step_time and self.step_fit.fitted:
-                off -= host / self.step_fit.slope()  # measured seconds in modelled ones
-            else:
-                on += host
-        self.pause.weigh(n, tau, on, off)
+        on, off, host = step + extra, bare + extra, pause.host_s
+        fit = self.step_fit
+        if self.observes_step_time and fit.fitted:
+            per_step, host = extra, host / fit.slope()  # measured seconds in modelled ones
+            # Steps all alike (drafting steps at a steady load) cannot tell time every step pays (an engine's own host
+            # time) from a slope, and the fit reads it as a slope: drafting would look as dear as the model makes it.
+            # Weighed here as every step's: a wrong pause loses what drafting wins for a whole pause, while the
+            # drafting it keeps costs its host time a step, and a step whose trim keeps nothing still pauses.
+            unexplained = fit.unexplained()
+            if unexplained is not None and unexplained > per_step:
+                per_step, host = unexplained, pause.host_s
+            on, off = step + per_step, bare + per_step - host
+        elif host > 0.0:
+            on += host
+        pause.weigh(n, tau, on, off)
         return lengths
 
     def _curve_source(self):
@@ -270,10 +290,13 @@ class AdaptiveLength:
                 "step_offset_ms": self.measured_overhead_s * 1e3, "tokens_per_s": 0.0 if rate is None else rate,
                 "modelled_ms": self._last_modelled * 1e3, "expected_tokens": float(self._last_tau)}
 
-    def drafts_this_step(self, batch_size: int) -> bool:
-        """False while drafting is paused (core.PausesDrafting; DraftingPause)."""
+    def drafting_rows(self, batch_size: int) -> np.ndarray | None:
+        """None (every request drafts), no rows while drafting is paused, a sample on a probe (core.PausesDrafting;
+        DraftingPause)."""
         pause = self.pause
-        return pause.left <= 0 or pause.drafts()  # the usual step first: one attribute read
+        if pause.left <= 0 and not pause._probe:  # the usual step first: two attribute reads
+            return None
+        return pause.rows(batch_size)
 
     def observe_drafting_seconds(self, seconds: float) -> None:
         """The host seconds of the last step's drafting (proposer and trim), where the engine keeps time."""
@@ -298,16 +321,17 @@ class AdaptiveLength:
         history = None if with_conf else (h.pooled_trials, h.pooled_successes, h.pooled_prior, h.pooled_prior_weight,
                                           cols["trials"], cols["successes"], h.request_prior_weight)
         curve, terms = curves
+        # Positional, in the binding's order (its names beside each): pybind11 matches keywords one by one, which for
+        # these 24 costs 1.6 us a step, half the whole policy's host time at B = 1.
         lengths, tau, linear, attention, extra, bare = _trim.trim_step(
-            conf=drafts.confidence if with_conf else None, offsets=drafts.offsets, drafted=drafts.lengths,
-            history=history, slots=slots, cal_trials=cal.trials, cal_successes=cal.successes,
-            prior_weight=cal.prior_weight, fit_ok=cols["fit_ok"], fit_predicted=cols["fit_predicted"],
-            correction_k=o.request_correction, kept=cols["kept"], kept_len=cols["kept_len"],
-            overhead=self.cost.overhead_s, draft_seconds=self.cost.draft_time(drafts.lengths), offset=extra,
-            offset_cut=o.max_offset_cut, greedy=search == "greedy",
-            min_gain=o.min_gain, rate=self._rate(),
-            budget=-1 if o.max_draft_tokens_per_step is None else o.max_draft_tokens_per_step,
-            curve=curve, attention=terms, conditional=conditional)
+            drafts.confidence if with_conf else None, drafts.offsets, drafts.lengths,  # conf, offsets, drafted
+            history, slots, cal.trials, cal.successes, cal.prior_weight,  # history, slots, cal_*, prior_weight
+            cols["fit_ok"], cols["fit_predicted"], o.request_correction,  # fit_ok, fit_predicted, correction_k
+            cols["kept"], cols["kept_len"],  # kept, kept_len
+            self.cost.overhead_s, self.cost.draft_time(drafts.lengths), extra, o.max_offset_cut,  # overhead,
+            search == "greedy", o.min_gain, self._rate(),  # draft_seconds, offset, offset_cut; greedy, min_gain, rate
+            -1 if o.max_draft_tokens_per_step is None else o.max_draft_tokens_per_step,  # budget
+            curve, terms, conditional)  # curve, attention, conditional
         # step_time's sum, from the parts the walk read off the same curves
         overhead = self.cost.overhead_s
         return lengths, tau, overhead + linear + attention + self.cost.draft_time(lengths), extra, overhead + bare
@@ -347,13 +371,11 @@ class AdaptiveLength:
         # history, calibrator and fits, one observation at a time, in one compiled call (policy/_observe.cpp)
         slots = self.requests.slots_of(req_ids)
         cols, cal, hist = self.requests.columns, self.calibrator, self.history
-        _observe.observe_step(slots=slots, drafted=drafted, accepted=accepted, pooled_trials=hist.pooled_trials,
-                              pooled_successes=hist.pooled_successes, trials=cols["trials"],
-                              successes=cols["successes"], decay=hist.decay, pooled_decay=hist.pooled_decay,
-                              kept=cols["kept"], kept_len=cols["kept_len"], cal_trials=cal.trials,
-                              cal_successes=cal.successes, prior_weight=cal.prior_weight, cal_decay=cal.decay,
-                              fit_ok=cols["fit_ok"], fit_predicted=cols["fit_predicted"],
-                              fit_decay=self.options.history_decay)
+        # positional, in the binding's order (as `_trim_step`: keywords cost a step a microsecond)
+        _observe.observe_step(slots, drafted, accepted, hist.pooled_trials, hist.pooled_successes,  # slots .. pooled_*
+                              cols["trials"], cols["successes"], hist.decay, hist.pooled_decay,  # trials .. pooled_decay
+                              cols["kept"], cols["kept_len"], cal.trials, cal.successes, cal.prior_weight,
+                              cal.decay, cols["fit_ok"], cols["fit_predicted"], self.options.history_decay)
 
     # ---- per request (DraftLengthPolicy) ------------------------------------------------------------
 
@@ -394,15 +416,28 @@ class DraftingPause:
     tokens against one a request. Over the drafting steps since the batch size last changed twofold (decayed sums,
     `min_steps` of them at least), once tau / on_s falls below n / off_s, drafting pauses for `first` steps, then
     drafts one step (a probe, weighed alone: it decides whether drafting resumes) and pauses twice as long each time
-    the probe finds drafting still does not pay, up to `longest`. The drafting layer hands the proposer every token
-    appended during a pause at the next step that drafts, so a probe's host time includes that catch-up: it is not
-    taken as the drafting step's (`observe_host`)."""
+    the probe finds drafting still does not pay, up to `longest`.
 
-    def __init__(self, decay: float, min_steps: int = 8, first: int = 8, longest: int = 256) -> None:
+    A probe drafts for a sample of `probe_requests` requests of the batch (`rows`, kept as `sample` until it is
+    weighed; the next probe the next ones): a request's drafts can only be searched once the proposer has every token
+    the request appended during the pause, and handing the whole batch that backlog would cost the probe several
+    ordinary drafting steps (at B = 256, 128 tokens a request, 5x one). The probe's trim costs the whole step as if
+    every request drafted as one of the sample did, so it is weighed at the batch's own cost (a step's cost is not
+    linear in what it verifies), and keeps drafts for the sample alone. The drafting layer hands the proposer a
+    request's backlog at its next step that drafts, so a probe's host time includes a catch-up: it is not taken as
+    the drafting step's (`observe_host`)."""
+
+    _NO_ROWS = np.zeros(0, dtype=np.int64)
+
+    def __init__(self, decay: float, min_steps: int = 8, first: int = 8, longest: int = 256,
+                 probe_requests: int = 16) -> None:
         self.decay, self.min_steps, self.first, self.longest = decay, min_steps, first, longest
+        self.probe_requests = probe_requests
         self.host_s = 0.0  # the drafting step's host seconds, as last measured (0: no clock)
         self.left = 0  # steps left in the current pause
         self.length = first  # the next pause's length
+        self.sample: np.ndarray | None = None  # the rows a probe drafts for, until it is weighed (None: every row)
+        self._next_row = 0  # where the next probe's sample starts: probes go round the batch
         self._probe = False  # the next drafting step ends a pause
         self._probed = False  # the last drafting step was a probe (its host time includes the catch-up)
         self._reset(0)
@@ -411,12 +446,19 @@ class DraftingPause:
         self.batch, self.steps = batch, 0
         self.requests = self.tokens = self.on_s = self.off_s = 0.0  # decayed sums over drafting steps
 
-    def drafts(self) -> bool:
+    def rows(self, n: int) -> np.ndarray | None:
+        """The rows of a step of n requests that draft (core.PausesDrafting.drafting_rows): None, every one."""
         if self.left > 0:
             self.left -= 1
             self._probe = self.left == 0
-            return False
-        return True
+            return self._NO_ROWS
+        k = self.probe_requests
+        if not self._probe or n <= k:
+            return None
+        start = self._next_row % n
+        self._next_row = start + k
+        self.sample = np.sort((start + np.arange(k)) % n)
+        return self.sample
 
     def observe_host(self, seconds: float) -> None:
         if not self._probed and seconds > 0.0:
@@ -424,7 +466,7 @@ class DraftingPause:
 
     def weigh(self, n: int, tau: float, on_s: float, off_s: float) -> None:
         probe, self._probe = self._probe, False
-        self._probed = probe
+        self._probed, self.sample = probe, None
         if not (n > 0 and on_s > 0.0 and off_s > 0.0):
             return
         # A probe is weighed alone (the sums hold what made drafting pause); another load has other costs.
@@ -471,7 +513,9 @@ class StepTimeFit:
         self.w = self.m = self.y = self.mm = self.my = 0.0  # decayed sums: weight, x, y, x^2, x*y
         self.ratio = 0.0  # decayed sum of the bounded measured / modelled ratios (scale = ratio / w)
         self.anchor: float | None = None  # the last slope the data measured (None: none yet)
-        self._offset: tuple[float, float] | None = None  # (lowest, offset) until the next add: read every step
+        # (lowest, offset) and the slope, until the next add: both are read every step
+        self._offset: tuple[float, float] | None = None
+        self._slope_now: float | None = None
 
     @property
     def fitted(self) -> bool:
@@ -485,7 +529,7 @@ class StepTimeFit:
         return self.ratio / self.w if self.w > 0.0 else 1.0
 
     def add(self, modelled: float, measured: float) -> None:
-        self._offset = None
+        self._offset = self._slope_now = None
         y = min(measured, 4.0 * self.scale * modelled)
         d = self.decay
         self.ratio = d * self.ratio + y / modelled
@@ -504,7 +548,10 @@ class StepTimeFit:
         return sxx, self.my - self.w * m_bar * y_bar, self.w * (self.shrink * m_bar) ** 2  # prior: ridge to anchor
 
     def slope(self) -> float:
-        return 1.0 if self.w == 0.0 else self._slope(*self._moments())
+        b = self._slope_now
+        if b is None:
+            b = self._slope_now = 1.0 if self.w == 0.0 else self._slope(*self._moments())
+        return b
 
     def _slope(self, sxx: float, sxy: float, prior: float) -> float:
         # Plain floats, not numpy scalars: this runs on every engine step, where np.clip alone costs 2 us.
@@ -512,6 +559,11 @@ class StepTimeFit:
         anchor = scale if self.anchor is None else self.anchor
         b = anchor if sxx + prior <= 0.0 else (sxy + prior * anchor) / (sxx + prior)
         return min(max(b, scale / self.spread), scale * self.spread)
+
+    def unexplained(self) -> float | None:
+        """The measured time beyond the modelled, per step, taken as every step's own (a slope of 1), where the steps
+        have never varied enough to measure a slope; None where they have."""
+        return None if self.anchor is not None or self.w == 0.0 else (self.y - self.m) / self.w
 
     def offset(self, lowest: float = 0.0) -> float:
         cached = self._offset
