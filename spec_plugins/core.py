@@ -393,8 +393,9 @@ class PausesDrafting(Protocol):
     usual step); no rows, and neither the proposer nor the trim runs and no request drafts; some rows (increasing),
     and only those requests are handed to the proposer (a probe of a sample of the batch), the trim still seeing the
     whole step. The tokens a request appended while it did not draft reach the proposer at its next step that
-    drafts (its `num_new`). A layer given a clock reports the host seconds of each step's proposer and trim
-    (`observe_drafting_seconds`)."""
+    drafts (its `num_new`). A layer given a clock reports the host seconds of the proposer and trim of each step
+    that handed the proposer no such backlog (`observe_drafting_seconds`): a catch-up is the pause's cost, not the
+    drafting step's."""
 
     def drafting_rows(self, batch_size: int) -> np.ndarray | None: ...
 

@@ -223,14 +223,17 @@ class DraftingLayer:
             if not len(sample):  # paused: nothing runs, nothing drafts
                 cols["drafted"][slots] = 0
                 return BatchDrafts(np.zeros(0, dtype=np.int64), np.zeros(n + 1, dtype=np.int64))
+        catches_up = False  # some request hands the proposer tokens appended while it did not draft
         if self._has_unseen:  # what was appended while a request did not draft reaches the proposer now
             unseen = cols["unseen"]
             drafting = slots if sample is None else slots[sample]
+            backlog = unseen[drafting]
+            catches_up = bool(backlog.any())
             if sample is None:
-                grown = np.minimum(grown + unseen[drafting], lens)
+                grown = np.minimum(grown + backlog, lens)
             else:
                 grown = grown.copy()
-                grown[sample] = np.minimum(grown[sample] + unseen[drafting], lens[sample])
+                grown[sample] = np.minimum(grown[sample] + backlog, lens[sample])
             unseen[drafting] = 0
             self._has_unseen = bool(unseen.any())
         caps = np.asarray(max_draft, dtype=np.int64)
@@ -261,7 +264,7 @@ class DraftingLayer:
             # without a batched path all see the same DraftRequests.
             requests = self._caps(batch)
             drafts = self._trim(batch, self._propose(batch, requests), requests, rated)
-        if timed:  # what a paused step does not spend
+        if timed and not catches_up:  # what a paused step does not spend (a catch-up is the pause's, not the step's)
             self.policy.observe_drafting_seconds(self.clock() - start)
         cols["drafted"][slots] = drafts.lengths
         return drafts

@@ -230,7 +230,7 @@ class Pausing(Recorder):
 def test_a_paused_step_runs_no_proposer_and_the_next_hands_it_every_token_since():
     """Steps 2 and 3 paused: no proposer call and no drafts; step 4 gives each request every token appended since
     the proposer last saw it (b, new during the pause: its whole context), and the drafting seconds are reported
-    for the steps that drafted only."""
+    for the steps that drafted and caught nothing up (a catch-up is the pause's cost, not the drafting step's)."""
     prop, pol = Recorder(), Pausing(paused={2, 3})
     ticks = iter(range(100))
     layer = DraftingLayer(prop, pol, clock=lambda: float(next(ticks)))
@@ -246,18 +246,20 @@ def test_a_paused_step_runs_no_proposer_and_the_next_hands_it_every_token_since(
     assert prop.requests[-1] == [("a", 7, 4, 3), ("b", 6, 6, 3)] and out.lists() == [[0, 1, 2], [0, 1, 2]]
     layer.step(["a", "b"], [c + [1] for c in ctx], [8, 7], num_new=np.array([1, 1]), max_draft=3)
     assert prop.requests[-1] == [("a", 8, 1, 3), ("b", 7, 1, 3)]  # caught up: one token each again
-    assert len(pol.seconds) == 3 and all(s > 0 for s in pol.seconds)  # steps 1, 4 and 5
+    assert len(pol.seconds) == 2 and all(s > 0 for s in pol.seconds)  # steps 1 and 5: step 4 caught up
 
 
 def test_a_probe_hands_its_sample_their_backlog_and_the_rest_keep_theirs():
     """Step 2 paused, step 3 a probe of rows 0 and 2: only a and c are handed to the proposer (with every token since
     it last saw them), the trim sees the whole step with b and d drafting as a and c did and only a and c keep
     drafts (the layer keeps the sample's alone whatever the trim returns); step 4 hands b and d their backlog (three
-    steps of tokens) and a and c one token."""
+    steps of tokens) and a and c one token. Neither the probe's drafting time nor step 4's is reported as a drafting
+    step's: both include a catch-up."""
     prop, pol = Recorder(), Pausing(paused={2}, probes={3: [0, 2]})
     ids = ["a", "b", "c", "d"]
     ctx = [[1, 2, 3] * 4, [4, 5, 6] * 4, [7, 8, 9] * 4, [2, 3, 4] * 4]
-    layer = DraftingLayer(prop, pol)
+    ticks = iter(range(100))
+    layer = DraftingLayer(prop, pol, clock=lambda: float(next(ticks)))
     layer.step(ids, [c[:3] for c in ctx], [3, 3, 3, 3], max_draft=3)
     for length in (4, 5):
         out = layer.step(ids, [c[:length] for c in ctx], [length] * 4, num_new=np.ones(4, dtype=np.int64),
@@ -269,6 +271,7 @@ def test_a_probe_hands_its_sample_their_backlog_and_the_rest_keep_theirs():
                accepted=[1, -1, 0, -1])
     assert prop.requests[-1] == [("a", 6, 1, 3), ("b", 6, 3, 3), ("c", 6, 1, 3), ("d", 6, 3, 3)]
     assert pol.observed[-2:] == [("a", 3, 1), ("c", 3, 0)]  # the probe's drafts are reported; b and d had none
+    assert len(pol.seconds) == 1  # step 1's drafting time: the probe and the step after it caught up
     # An engine's own drafts (EngineDrafts) are narrowed to the sample the same way.
     from spec_plugins.drafting import EngineDrafts
 

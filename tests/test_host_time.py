@@ -157,8 +157,8 @@ def catchup_of_0_1_ms_a_token():
 def test_simulator_charges_a_paused_step_no_drafting_and_the_step_after_it_the_catch_up(tmp_path):
     """A policy that pauses drafting (core.PausesDrafting) for four steps: those steps pay no drafting host time, the
     step that ends the pause pays an ordinary step's plus the catch-up of the four tokens appended meanwhile
-    (CatchUpTime, over the ordinary step's one), and the policy is told each drafting step's seconds, as an engine's
-    clock would tell it."""
+    (CatchUpTime, over the ordinary step's one), and the policy is told the seconds of each drafting step that caught
+    nothing up, as the drafting layer reports them."""
     from spec_plugins.bench import policy_sim
     from spec_plugins.traces import load_traces
     from test_policy_planner import FlatCost, uniform_trace
@@ -172,9 +172,10 @@ def test_simulator_charges_a_paused_step_no_drafting_and_the_step_after_it_the_c
     pausing = DraftsByStep(lambda step: np.zeros(0, dtype=np.int64) if 3 <= step <= 6 else None)
     goodput = policy_sim.simulate(requests, steps, FlatCost(), {"p": pausing, "static_0": policy_sim.StaticLength(0)},
                                   host)
-    assert pausing.seconds == pytest.approx([200e-6] * 2 + [200e-6 + 0.4e-3] + [200e-6] * 3)  # 4 tokens behind: 0.4 ms
+    # Six drafting steps, the first after the pause 4 tokens behind (0.4 ms): the policy is told the other five.
+    assert pausing.seconds == pytest.approx([200e-6] * 5)
     tokens = 10.0  # neither keeps a draft: one token a step each
-    assert tokens / goodput["p"] - tokens / goodput["static_0"] == pytest.approx(sum(pausing.seconds))
+    assert tokens / goodput["p"] - tokens / goodput["static_0"] == pytest.approx(6 * 200e-6 + 0.4e-3)
 
 
 def test_engine_host_time_interpolates_by_batch_and_tokens():
@@ -252,6 +253,8 @@ def test_simulator_charges_a_probe_its_sample_and_each_request_its_own_backlog(t
     assert all(len(batch) == 4 for batch, _ in steps) and not any(ends for _, ends in steps[:8])
     probing = DraftsByStep(lambda step: np.array([0, 1]) if step == 7
                            else np.zeros(0, dtype=np.int64) if 3 <= step <= 6 else None)
-    policy_sim.simulate(requests, steps, FlatCost(), {"p": probing}, host)
-    # steps 1, 2; the probe (4 tokens behind each: 0.4 ms a request); step 8 (two requests 5 behind, two none); 9, 10
-    assert probing.seconds == pytest.approx([400e-6] * 2 + [250e-6 + 0.8e-3, 400e-6 + 1.0e-3] + [400e-6] * 2)
+    goodput = policy_sim.simulate(requests, steps, FlatCost(), {"p": probing}, host)["p"]
+    # Ten 1 ms steps, four tokens each (no draft kept); drafting: steps 1, 2; the probe (two requests 4 tokens behind:
+    # 0.4 ms each); step 8 (two requests 5 behind, two none); 9, 10. The policy is told the steps that caught nothing up.
+    assert 40.0 / goodput == pytest.approx(10e-3 + 4 * 400e-6 + (250e-6 + 0.8e-3) + (400e-6 + 1.0e-3))
+    assert probing.seconds == pytest.approx([400e-6] * 4)

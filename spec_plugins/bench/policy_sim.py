@@ -275,7 +275,7 @@ def simulate(requests: list[TraceRequest], steps, cost, policies: dict[str, Any]
                 if backlog > 0.0:  # a step after a pause
                     drafting_s += host.catchup_seconds(len(keys), backlog)
                 step += drafting_s
-                if pauses:  # as an engine's clock measures it
+                if pauses and backlog <= 0.0:  # as the drafting layer reports it: not a step that catches up
                     rater.observe_drafting_seconds(drafting_s)
             if engine is not None:
                 step += engine.seconds(len(recs), 1.0 + float(np.mean(keep)))

@@ -299,7 +299,8 @@ class AdaptiveLength:
         return pause.rows(batch_size)
 
     def observe_drafting_seconds(self, seconds: float) -> None:
-        """The host seconds of the last step's drafting (proposer and trim), where the engine keeps time."""
+        """The host seconds of the last step's drafting (proposer and trim), where the engine keeps time and the step
+        handed the proposer no backlog."""
         self.pause.observe_host(seconds)
 
     def observe_step_interval(self, seconds: float) -> None:
@@ -424,8 +425,9 @@ class DraftingPause:
     ordinary drafting steps (at B = 256, 128 tokens a request, 5x one). The probe's trim costs the whole step as if
     every request drafted as one of the sample did, so it is weighed at the batch's own cost (a step's cost is not
     linear in what it verifies), and keeps drafts for the sample alone. The drafting layer hands the proposer a
-    request's backlog at its next step that drafts, so a probe's host time includes a catch-up: it is not taken as
-    the drafting step's (`observe_host`)."""
+    request's backlog at its next step that drafts (the probe's sample at the probe, the rest at the step after it
+    where drafting resumes); such a step's host time includes that catch-up, and the layer does not report it as the
+    drafting step's (`observe_host`)."""
 
     _NO_ROWS = np.zeros(0, dtype=np.int64)
 
@@ -439,7 +441,6 @@ class DraftingPause:
         self.sample: np.ndarray | None = None  # the rows a probe drafts for, until it is weighed (None: every row)
         self._next_row = 0  # where the next probe's sample starts: probes go round the batch
         self._probe = False  # the next drafting step ends a pause
-        self._probed = False  # the last drafting step was a probe (its host time includes the catch-up)
         self._reset(0)
 
     def _reset(self, batch: int) -> None:
@@ -461,12 +462,12 @@ class DraftingPause:
         return self.sample
 
     def observe_host(self, seconds: float) -> None:
-        if not self._probed and seconds > 0.0:
+        if seconds > 0.0:
             self.host_s = seconds
 
     def weigh(self, n: int, tau: float, on_s: float, off_s: float) -> None:
         probe, self._probe = self._probe, False
-        self._probed, self.sample = probe, None
+        self.sample = None
         if not (n > 0 and on_s > 0.0 and off_s > 0.0):
             return
         # A probe is weighed alone (the sums hold what made drafting pause); another load has other costs.
