@@ -218,7 +218,7 @@ class BatchDrafts:
         return cls(tokens, offsets, confidence, probs)
 
     def select(self, rows: np.ndarray) -> "BatchDrafts":
-        """The drafts at `rows` (increasing), in that order."""
+        """The drafts at `rows` (any rows, repeated or not), in that order."""
         lengths = self.lengths[rows]
         offsets = np.zeros(len(rows) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
@@ -384,6 +384,15 @@ class ObservesStepTime(Protocol):
     observes_step_time: bool
 
     def observe_step_interval(self, seconds: float) -> None: ...
+
+
+def probe_stand_ins(sample: np.ndarray, size: int) -> np.ndarray:
+    """For a probe of the rows `sample` (increasing) of a step of `size` requests: each row's index into the sample of
+    the draft the whole step is costed with, a sampled row's own and the others' the sample's in turn (what the
+    drafting layer hands the policy's trim, and the simulator likewise)."""
+    like = np.arange(size) % len(sample)
+    like[sample] = np.arange(len(sample))
+    return like
 
 
 @runtime_checkable

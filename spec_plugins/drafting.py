@@ -31,7 +31,7 @@ from spec_plugins import _ledger
 from spec_plugins.core import (
     BatchDrafts, BatchPolicy, BatchProposer, BindsModel, DraftBatch, DraftLengthPolicy, DraftRequest, HasStats,
     FixedLength, LoadsTarget, ObservesStepTime, PausesDrafting, Proposer, RatesDrafts, ReqId, RunsBesideEngine,
-    ShapesDraftsForRunner, TrimsDrafts, apply_policy, check_cap, check_drafts,
+    ShapesDraftsForRunner, TrimsDrafts, apply_policy, check_cap, check_drafts, probe_stand_ins,
 )
 from spec_plugins.slots import RequestSlots
 
@@ -253,9 +253,7 @@ class DraftingLayer:
             if isinstance(self.proposer, EngineDrafts):  # the engine drafted every request already
                 self.proposer.select(sample)
             own = self._propose(batch.select(sample), None)
-            like = np.arange(n) % len(sample)
-            like[sample] = np.arange(len(sample))
-            drafts = self._trim(batch, own.select(like), None, rated)
+            drafts = self._trim(batch, own.select(probe_stand_ins(sample, n)), None, rated)
             keep = np.zeros(n, dtype=np.int64)
             keep[sample] = drafts.lengths[sample]
             drafts = drafts.truncated(keep)

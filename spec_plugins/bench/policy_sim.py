@@ -53,7 +53,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from spec_plugins.core import BatchDrafts, Draft, DraftBatch, DraftRequest, PausesDrafting
+from spec_plugins.core import BatchDrafts, Draft, DraftBatch, DraftRequest, PausesDrafting, probe_stand_ins
 from spec_plugins.policy.planner import AcceptanceStats, plan, schedule_for_batch
 from spec_plugins.traces import load_traces
 
@@ -238,9 +238,7 @@ def simulate(requests: list[TraceRequest], steps, cost, policies: dict[str, Any]
             if sample is not None and len(sample):
                 drafting[:] = False
                 drafting[sample] = True
-                like = np.arange(len(recs)) % len(sample)
-                like[sample] = np.arange(len(sample))
-                like = np.asarray(sample)[like]
+                like = np.asarray(sample)[probe_stand_ins(np.asarray(sample), len(recs))]
             offered = drafted[like]
             confidences = [recs[j][1].confidence[recs[j][2]] for j in like.tolist()]
             if paused:
