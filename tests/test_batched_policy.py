@@ -339,7 +339,7 @@ class FixedOffset:
     def __init__(self, seconds):
         self.seconds = seconds
 
-    def offset(self, lowest=0.0):
+    def offset(self, lowest=0.0, bare=0.0):
         return max(self.seconds, lowest)
 
     def slope(self):

@@ -236,3 +236,28 @@ def test_allocator_extra_seconds_same_on_both_walks():
     for e in (0.0, 0.005):
         assert (allocate_batch(surv, lengths, ctx, cost, extra_s=e).tolist()
                 == numpy_allocate_batch(surv, lengths, ctx, cost, extra_s=e).tolist())
+
+
+def test_a_prior_whose_base_step_follows_context_wrongly_leaves_the_price_of_drafts_alone():
+    # One client, short and long requests in turn, on the CPU prior. The engine's base step is 39 ms at any context
+    # (the prior's: 20 ms at 200 tokens, 63 ms at 2k), and a drafted token costs what the prior says. Read as one
+    # slope, the base steps' spread made drafts look nearly free (slope 0.1, measured on vLLM-CPU), and the policy
+    # kept tokens a twentieth as likely to be accepted as a step's time is worth.
+    policy = cpu_policy()
+    cost = policy.cost
+    rng = np.random.default_rng(3)
+
+    def step(req: str, ctx: int, conf: np.ndarray) -> np.ndarray:
+        batch = DraftBatch([req], [[1] * ctx], np.array([ctx]), np.ones(1, dtype=np.int64), np.array([len(conf)]))
+        drafts = BatchDrafts(np.ones(len(conf), dtype=np.int64), np.array([0, len(conf)]), conf)
+        return policy.trim_batch(batch, drafts)
+
+    for r in range(8):
+        ctx = 200 if r % 2 == 0 else 2000
+        for _ in range(60):
+            kept = step(f"q{r}", ctx, np.clip(rng.uniform(0.1, 1.0, 8) * np.linspace(1.0, 0.2, 8), 0.01, 1.0))
+            truth = 0.039 + cost.step_time(kept, [ctx]) - cost.step_time([0], [ctx])
+            policy.observe_step_interval(truth * rng.uniform(0.97, 1.03))
+    assert policy.step_fit.slope() == pytest.approx(1.0, rel=0.2)
+    # A one-token draft at 2k tokens, 5% likely to be accepted, costs ~3 ms against a 39 ms step that yields a token.
+    assert step("q8", 2000, np.array([0.05])).sum() == 0

@@ -124,10 +124,11 @@ class AdaptiveLength:
         self.calibrator = ConfidenceCalibrator()
         self._tau = self._time = 0.0  # decayed sums of expected tokens and modelled seconds per step
         # The engine's measured steps against the modelled ones; _modelled is the last trimmed step's modelled
-        # time (None: no step to compare the next interval with).
+        # time (None: no step to compare the next interval with), _bare its modelled time with no drafts.
         self.step_fit = StepTimeFit(opts.overhead_decay)
         self.observes_step_time = opts.step_overhead == "measured"  # core.ObservesStepTime
         self._modelled: float | None = None
+        self._bare = 0.0
         self._last_modelled = self._last_tau = 0.0  # the last trimmed step's modelled seconds and expected tokens
         self.pause = DraftingPause(opts.rate_decay)  # drafting paused where it does not pay (core.PausesDrafting)
         self._curves_of: StepCost | None = None  # the cost model `_curves` reads (allocator.curve_source)
@@ -228,9 +229,11 @@ class AdaptiveLength:
         n = len(drafted)
         tokens = len(drafts.tokens)  # bounds the longest draft without reading the lengths
         curves = self._curve_source()(n, n + tokens + 1, context, min(tokens, self.options.max_positions))
-        # The fitted offset, bounded below by max_offset_cut of the step with no drafts where it is negative
+        # The fitted offset, bounded below by max_offset_cut of the step with no drafts where it is negative, read at
+        # the last step's base time: the batch and its contexts change little from one step to the next.
         lengths, tau, step, extra, bare = self._trim_step(slots, drafts, search, context, curves,
-                                                          self.step_fit.offset(lowest=-np.inf), conditional)
+                                                          self.step_fit.offset(-np.inf, self._bare), conditional)
+        self._bare = bare
         pause = self.pause
         sample = pause.sample
         if sample is None:
@@ -279,7 +282,7 @@ class AdaptiveLength:
         """Seconds (in the cost model's time) every step pays beyond the model, fitted on the engine's measured
         steps (StepTimeFit); 0 until measured, or with `step_overhead: model`. Negative where verified tokens
         are dearer against the base step than modelled (`trim_batch` bounds it by `max_offset_cut`)."""
-        return self.step_fit.offset(lowest=-np.inf)
+        return self.step_fit.offset(-np.inf, self._bare)
 
     def stats(self) -> dict[str, float]:
         """What the policy believes of the engine's steps (core.HasStats; the vLLM adapter's trace): the fitted
@@ -308,7 +311,7 @@ class AdaptiveLength:
         modelled, self._modelled = self._modelled, None  # each trimmed step is compared once
         if not self.observes_step_time or modelled is None or not seconds > 0.0 or not modelled > 0.0:
             return
-        self.step_fit.add(modelled, seconds)
+        self.step_fit.add(modelled, seconds, self._bare)
 
     def _trim_step(self, slots: np.ndarray, drafts: BatchDrafts, search: str, context: np.ndarray,
                    curves: tuple, extra: float, conditional: np.ndarray | None = None) -> tuple:
@@ -487,36 +490,48 @@ class DraftingPause:
 
 
 class StepTimeFit:
-    """Measured step times against the modelled ones, as measured = b * (modelled + c).
+    """Measured step times against the modelled ones, as measured = a0 + a1 * bare + b * (modelled - bare), read as
+    measured = b * (modelled + c): `bare` is the modelled time of the same step with no drafts.
 
-    b is a machine uniformly slower or faster than its profile (contention, another clock): it changes no
-    choice, the policy maximises a ratio of times. c > 0 is time every step pays that the model leaves out
-    (a serving front end, the scheduler, sampling) and makes tokens cheaper against the step; c < 0 is
-    verified tokens dearer against the base step than the profile says (a compute-bound engine slowed by
-    what it verifies), and makes them dearer. `offset(lowest)` returns c, never below `lowest` (the policy
+    b is what a modelled second of verified drafts costs in measured seconds; it alone sets which drafts pay (the
+    policy weighs tokens against its own past steps' time). A machine uniformly slower than its profile (contention,
+    another clock) has a1 = b and changes no choice. c > 0 is time every step pays that the model leaves out (a
+    serving front end, the scheduler, sampling) and makes tokens cheaper against the step; c < 0 is verified tokens
+    dearer against the base step than the profile says (a compute-bound engine slowed by what it verifies), and makes
+    them dearer. `offset(lowest, bare)` returns c for a step with that bare time, never below `lowest` (the policy
     passes a fraction of the base step, so a modelled step stays positive).
+
+    The base step and the drafts are fitted apart because their modelled times vary for different reasons: the base
+    with the batch and its contexts, the drafts with what the policy keeps. A prior whose base step follows context
+    length differently from the engine (vLLM-CPU's profile at 2k tokens against its served steps: the prior's base
+    step triples from 256 to 2k tokens, the engine's hardly moves) would otherwise be read, once requests of
+    different lengths follow each other, as drafts nearly free (a slope of 0.1 and 400 ms of offset, measured on one
+    client sending a 2k-token code edit after chat prompts), and the policy drafted single tokens that cost a third
+    of the step. a1 is shrunk toward the scale until the base step has varied enough to be measured.
 
     Decayed least squares, made robust three ways. (1) The scale: a decayed mean of measured / modelled, each
     ratio bounded at four times the scale so far (four before the first), so one pause (a collection, a
     preemption) moves the fit a little and a steady excess fully, and an engine many times slower than its prior
     (a CPU prior on a slower machine, contexts longer than profiled) is followed within a few steps rather than
-    clipped where it drafts most. (2) The slope is shrunk toward an anchor where the modelled times vary too little
-    (relative spread under `shrink`) to tell a slope from an offset: the scale (a uniform factor, which changes
-    no choice) until the steps have varied enough to measure a slope, then the last slope so measured, so that
-    when drafting stops (every step alike) the fit keeps what it learnt instead of drifting back to the prior,
-    which would reprice the tokens and restart drafting with nothing new learnt. (3) The slope stays within
-    `spread` of the scale either way, and the offset is 0 until `min_fits` steps are in: a few noisy intervals
-    cannot make verified tokens look free or prohibitive.
+    clipped where it drafts most. (2) The slope is shrunk toward an anchor where the drafts' modelled times vary too
+    little (relative spread under `shrink` of the modelled step) to tell a slope from an offset: the scale (a uniform
+    factor, which changes no choice) until the steps have varied enough to measure a slope, then the last slope so
+    measured, so that when drafting stops (every step alike) the fit keeps what it learnt instead of drifting back to
+    the prior, which would reprice the tokens and restart drafting with nothing new learnt. (3) The slope stays
+    within `spread` of the scale either way, and the offset is 0 until `min_fits` steps are in: a few noisy
+    intervals cannot make verified tokens look free or prohibitive.
     """
 
     def __init__(self, decay: float, shrink: float = 0.05, spread: float = 16.0, min_fits: float = 3.0) -> None:
         self.decay, self.shrink, self.spread, self.min_fits = decay, shrink, spread, min_fits
-        self.w = self.m = self.y = self.mm = self.my = 0.0  # decayed sums: weight, x, y, x^2, x*y
+        # decayed sums: weight, modelled x, measured y, x^2, x*y; and of the base step z: z, z^2, z*x, z*y
+        self.w = self.m = self.y = self.mm = self.my = 0.0
+        self.z = self.zz = self.zm = self.zy = 0.0
         self.ratio = 0.0  # decayed sum of the bounded measured / modelled ratios (scale = ratio / w)
         self.anchor: float | None = None  # the last slope the data measured (None: none yet)
-        # (lowest, offset) and the slope, until the next add: both are read every step
-        self._offset: tuple[float, float] | None = None
-        self._slope_now: float | None = None
+        # (a1, b, a0) and (lowest, bare, offset), until the next add: both are read every step
+        self._coef: tuple[float, float, float] | None = None
+        self._offset: tuple[float, float, float] | None = None
 
     @property
     def fitted(self) -> bool:
@@ -529,8 +544,10 @@ class StepTimeFit:
         """The typical measured / modelled ratio (1 before any step)."""
         return self.ratio / self.w if self.w > 0.0 else 1.0
 
-    def add(self, modelled: float, measured: float) -> None:
-        self._offset = self._slope_now = None
+    def add(self, modelled: float, measured: float, bare: float = 0.0) -> None:
+        """One engine step: its modelled time, the time measured, and the modelled time of the same step with no
+        drafts (0: not told apart, the whole modelled time read as drafts')."""
+        self._offset = self._coef = None
         y = min(measured, 4.0 * self.scale * modelled)
         d = self.decay
         self.ratio = d * self.ratio + y / modelled
@@ -539,49 +556,79 @@ class StepTimeFit:
         self.y = d * self.y + y
         self.mm = d * self.mm + modelled * modelled
         self.my = d * self.my + modelled * y
+        self.z = d * self.z + bare
+        self.zz = d * self.zz + bare * bare
+        self.zm = d * self.zm + bare * modelled
+        self.zy = d * self.zy + bare * y
         moments = self._moments()
-        if moments[0] > moments[2]:  # the steps varied enough to measure the slope: remember it for when they stop
-            self.anchor = self._slope(*moments)
+        if moments[1] > moments[5]:  # the drafts varied enough to measure the slope: remember it for when they stop
+            self.anchor = self._solve(moments)[1]
 
-    def _moments(self) -> tuple[float, float, float]:
-        m_bar, y_bar = self.m / self.w, self.y / self.w
-        sxx = max(self.mm - self.w * m_bar * m_bar, 0.0)
-        return sxx, self.my - self.w * m_bar * y_bar, self.w * (self.shrink * m_bar) ** 2  # prior: ridge to anchor
+    def _moments(self) -> tuple[float, ...]:
+        """Centred (base, base), (drafts, drafts), (base, drafts), (base, y), (drafts, y), and the ridge's weight."""
+        w = self.w
+        m_bar, y_bar, z_bar = self.m / w, self.y / w, self.z / w
+        d_bar = m_bar - z_bar  # drafts: modelled - base
+        szz = max(self.zz - w * z_bar * z_bar, 0.0)
+        sdd = max(self.mm - 2.0 * self.zm + self.zz - w * d_bar * d_bar, 0.0)
+        szd = self.zm - self.zz - w * z_bar * d_bar
+        szy = self.zy - w * z_bar * y_bar
+        sdy = self.my - self.zy - w * d_bar * y_bar
+        return szz, sdd, szd, szy, sdy, w * (self.shrink * m_bar) ** 2  # the ridge's weight
 
-    def slope(self) -> float:
-        b = self._slope_now
-        if b is None:
-            b = self._slope_now = 1.0 if self.w == 0.0 else self._slope(*self._moments())
-        return b
-
-    def _slope(self, sxx: float, sxy: float, prior: float) -> float:
+    def _solve(self, moments: tuple[float, ...]) -> tuple[float, float, float]:
+        """(a1, b, a0): the ridge pulls b toward the anchor and a1 toward the scale, each with the weight `prior`.
+        a1's pull is to a constant, not to b: where the base step hardly varied, a1 is whatever the old steps of
+        another batch or context say, and a pull toward b would drag b along with it."""
         # Plain floats, not numpy scalars: this runs on every engine step, where np.clip alone costs 2 us.
+        szz, sdd, szd, szy, sdy, prior = moments
         scale = self.scale
         anchor = scale if self.anchor is None else self.anchor
-        b = anchor if sxx + prior <= 0.0 else (sxy + prior * anchor) / (sxx + prior)
-        return min(max(b, scale / self.spread), scale * self.spread)
+        # [szz + p, szd; szd, sdd + p] (a1, b) = (szy + p scale, sdy + p anchor)
+        p00, p11 = szz + prior, sdd + prior
+        det = p00 * p11 - szd * szd
+        if prior <= 0.0 or det <= 0.0:
+            a1, b = scale, anchor
+        else:
+            r0, r1 = szy + prior * scale, sdy + prior * anchor
+            a1 = (r0 * p11 - szd * r1) / det
+            b = (p00 * r1 - szd * r0) / det
+        b = min(max(b, scale / self.spread), scale * self.spread)
+        a1 = max(a1, 0.0)
+        a0 = (self.y - a1 * self.z - b * (self.m - self.z)) / self.w
+        return a1, b, a0
+
+    def _coefficients(self) -> tuple[float, float, float]:
+        c = self._coef
+        if c is None:
+            c = self._coef = (1.0, 1.0, 0.0) if self.w == 0.0 else self._solve(self._moments())
+        return c
+
+    def slope(self) -> float:
+        return self._coefficients()[1]
 
     def unexplained(self) -> float | None:
         """The measured time beyond the modelled, per step, taken as every step's own (a slope of 1), where the steps
         have never varied enough to measure a slope; None where they have."""
         return None if self.anchor is not None or self.w == 0.0 else (self.y - self.m) / self.w
 
-    def offset(self, lowest: float = 0.0) -> float:
+    def offset(self, lowest: float = 0.0, bare: float = 0.0) -> float:
+        """c of a step whose modelled time with no drafts is `bare` (0: the fit's steps were not told apart)."""
         cached = self._offset
-        if cached is not None and cached[0] == lowest:
-            return cached[1]
-        c = self._fit_offset(lowest)
-        self._offset = (lowest, c)
+        if cached is not None and cached[0] == lowest and cached[1] == bare:
+            return cached[2]
+        c = self._fit_offset(lowest, bare)
+        self._offset = (lowest, bare, c)
         return c
 
-    def _fit_offset(self, lowest: float) -> float:
+    def _fit_offset(self, lowest: float, bare: float) -> float:
         if self.w < self.min_fits:
             return 0.0
-        sxx, sxy, prior = self._moments()
-        c = self.y / self.w / self._slope(sxx, sxy, prior) - self.m / self.w
+        a1, b, a0 = self._coefficients()
+        c = (a0 + (a1 - b) * bare) / b
         if c < 0.0:
             # Below 0 only where the data, not the prior, set the slope (now or before): over steps that never
             # varied, a machine faster than its profile would otherwise read as dearer tokens.
-            lowest = lowest if sxx > prior or self.anchor is not None else 0.0
+            moments = self._moments()
+            lowest = lowest if moments[1] > moments[5] or self.anchor is not None else 0.0
         return max(c, lowest)
-
