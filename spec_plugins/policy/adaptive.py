@@ -453,7 +453,7 @@ class DraftingPause:
     def rows(self, n: int) -> np.ndarray | None:
         """The rows of a step of n requests that draft (core.PausesDrafting.drafting_rows): None, every one."""
         if self.left > 0:
-            if self.batch / 2 <= n <= 2 * self.batch:
+            if self._same_load(n):
                 self.left -= 1
                 self._probe = self.left == 0
                 return self._NO_ROWS
@@ -470,6 +470,10 @@ class DraftingPause:
         self.sample = np.sort((start + np.arange(k)) % n)
         return self.sample
 
+    def _same_load(self, n: int) -> bool:
+        """n requests are the load the sums (and a pause) were weighed at: within twofold of it."""
+        return self.batch / 2 <= n <= 2 * self.batch
+
     def observe_host(self, seconds: float) -> None:
         if seconds > 0.0:
             self.host_s = seconds
@@ -480,7 +484,7 @@ class DraftingPause:
         if not (n > 0 and on_s > 0.0 and off_s > 0.0):
             return
         # A probe is weighed alone (the sums hold what made drafting pause); another load has other costs.
-        if probe or not (self.batch / 2 <= n <= 2 * self.batch):
+        if probe or not self._same_load(n):
             self._reset(n)
         d = self.decay
         self.requests, self.tokens = d * self.requests + n, d * self.tokens + tau
